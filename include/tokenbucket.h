@@ -1,0 +1,244 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libtokenbucket: an exact, lock-free token bucket with two faces.
+ *
+ * One opaque bucket holds the rovers of a shared token bucket (tail, head,
+ * ceil).  The Seastar face (grab, replenish, release, deficiency) and the Go
+ * face (allow, reserve, cancel, wait) work on the same state and may be mixed.
+ *
+ * Conventions shared by every function:
+ *  - Time is int64_t nanoseconds.  Functions ending in _at take the caller's
+ *    "now" on any monotonic time base; the others read tokenbucket_now().
+ *    INT64_MIN is reserved and is read as INT64_MIN + 1.
+ *  - Time never runs backwards inside a bucket: a "now" earlier than the
+ *    latest time the bucket has seen is treated as that latest time.
+ *  - Production is exact: a rate of p tokens per q ns yields exactly
+ *    floor(T * p / q) whole tokens in T ns, fractions carried.
+ *  - Functions returning int return 0 or a negative errno value.
+ *    Output parameters are left untouched on failure.
+ *  - Every function except tokenbucket_set_* and tokenbucket_reset_at is
+ *    lock-free and may be called from any number of threads at once.  The
+ *    set_* and reset_at functions serialise among themselves with a lock and
+ *    are safe to call concurrently with everything else.
+ *
+ * See tokenbucket(7) and docs/DESIGN.md for the model.
+ */
+#ifndef TOKENBUCKET_H
+#define TOKENBUCKET_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The version, defined here once; the build system reads it from this file. */
+#define TOKENBUCKET_VERSION_MAJOR 1
+#define TOKENBUCKET_VERSION_MINOR 0
+#define TOKENBUCKET_VERSION_PATCH 0
+#define TOKENBUCKET_VERSION_NUMBER \
+	(TOKENBUCKET_VERSION_MAJOR * 10000 + TOKENBUCKET_VERSION_MINOR * 100 + \
+	 TOKENBUCKET_VERSION_PATCH)
+#define TOKENBUCKET__STR(x) #x
+#define TOKENBUCKET__XSTR(x) TOKENBUCKET__STR(x)
+#define TOKENBUCKET_VERSION_STRING                       \
+	TOKENBUCKET__XSTR(TOKENBUCKET_VERSION_MAJOR) "." \
+	TOKENBUCKET__XSTR(TOKENBUCKET_VERSION_MINOR) "." \
+	TOKENBUCKET__XSTR(TOKENBUCKET_VERSION_PATCH)
+
+#if defined(_WIN32)
+#define TOKENBUCKET_API
+#else
+#define TOKENBUCKET_API __attribute__((visibility("default")))
+#endif
+
+/* A rate with no limit: positive infinity.  Any rate >= DBL_MAX is the same. */
+#define TOKENBUCKET_INF (__builtin_inf())
+/* A time or a duration that never comes. */
+#define TOKENBUCKET_NEVER INT64_MAX
+/* Flag for create: head may not pass ceil; tokenbucket_release() advances ceil. */
+#define TOKENBUCKET_CAPPED_RELEASE (1u << 0)
+
+/* The largest burst a bucket accepts (2^62 tokens); larger gives -ERANGE. */
+#define TOKENBUCKET_BURST_MAX (UINT64_C(1) << 62)
+/* The most a bucket can owe (tail ahead of head), in tokens: 2^62 - 1. */
+#define TOKENBUCKET_DEBT_MAX ((UINT64_C(1) << 62) - 1)
+
+struct tokenbucket;
+
+/* ---- Time and version ---------------------------------------------------- */
+
+/* CLOCK_MONOTONIC in nanoseconds. */
+TOKENBUCKET_API int64_t tokenbucket_now(void);
+/* Go's Every: 1e9 / interval_ns tokens per second; TOKENBUCKET_INF if interval_ns <= 0. */
+TOKENBUCKET_API double tokenbucket_every(int64_t interval_ns);
+/* TOKENBUCKET_VERSION_NUMBER of the library actually loaded. */
+TOKENBUCKET_API unsigned tokenbucket_version_number(void);
+/* TOKENBUCKET_VERSION_STRING of the library actually loaded, e.g. "1.0.0". */
+TOKENBUCKET_API const char *tokenbucket_version_string(void);
+
+/* ---- Life cycle ---------------------------------------------------------- */
+
+/*
+ * Creates a full bucket (burst tokens) that has seen no time yet, producing
+ * rate tokens per second (TOKENBUCKET_INF: unlimited; 0: never refills).
+ * A finite rate is converted once to an exact ratio of tokens per period.
+ * -EINVAL: tbp NULL, rate NaN or negative, unknown flag bits.
+ * -ERANGE: burst > TOKENBUCKET_BURST_MAX.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_create(struct tokenbucket **tbp, double rate,
+				       uint64_t burst, unsigned flags);
+/*
+ * As tokenbucket_create, producing exactly tokens per period_ns (tokens == 0:
+ * rate 0).  -EINVAL also when period_ns <= 0 with tokens > 0.
+ */
+TOKENBUCKET_API int tokenbucket_create_every(struct tokenbucket **tbp, uint64_t tokens,
+					     int64_t period_ns, uint64_t burst,
+					     unsigned flags);
+/* Frees a bucket; accepts NULL.  No other call on tb may be running. */
+TOKENBUCKET_API void tokenbucket_free(struct tokenbucket *tb);
+/*
+ * The bucket's clock becomes now (even if earlier) and it holds tokens;
+ * debt and outstanding tickets are forgotten (all are covered).  With
+ * TOKENBUCKET_CAPPED_RELEASE, the room for replenishment becomes
+ * burst - tokens.  -EINVAL: tb NULL, tokens > burst.
+ */
+TOKENBUCKET_API int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens);
+
+/* ---- The Seastar face ---------------------------------------------------- */
+
+/*
+ * Takes n tokens unconditionally (the tail may pass the head) and returns the
+ * ticket: the tail rover after the grab.  The debt is bounded by
+ * TOKENBUCKET_DEBT_MAX; a grab beyond it takes only up to that bound.
+ * With rate TOKENBUCKET_INF nothing is taken.  tb NULL returns 0.
+ */
+TOKENBUCKET_API uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n);
+/*
+ * Credits the whole tokens produced since the last credit, once they reach
+ * the threshold (default 1).  Tokens beyond burst, or that would push head
+ * past ceil, are lost.  A replenish that credits nothing changes nothing
+ * (except that it fixes the clock of a bucket that has seen no time).
+ */
+TOKENBUCKET_API void tokenbucket_replenish(struct tokenbucket *tb, int64_t now);
+/*
+ * With TOKENBUCKET_CAPPED_RELEASE, advances ceil by n (completed work feeds
+ * the bucket back); ceil never runs more than burst ahead of the tail.
+ * -ENOTSUP without the flag; -EINVAL: tb NULL, n > burst.
+ */
+TOKENBUCKET_API int tokenbucket_release(struct tokenbucket *tb, uint64_t n);
+/*
+ * Gives back n tokens that were grabbed and not used; the bucket still never
+ * holds more than burst.  In capped-release mode the refunded tokens also stop
+ * counting as in flight.  tb NULL is ignored.
+ */
+TOKENBUCKET_API void tokenbucket_refund(struct tokenbucket *tb, uint64_t n);
+/*
+ * Whole tokens still missing before the grab that returned ticket is covered;
+ * 0 means go.  Grabs are covered in ticket order.  tb NULL returns 0.
+ */
+TOKENBUCKET_API uint64_t tokenbucket_deficiency(const struct tokenbucket *tb, uint64_t ticket);
+/*
+ * Nanoseconds the rate needs to produce tokens, rounded up; 0 for 0 tokens or
+ * rate TOKENBUCKET_INF; TOKENBUCKET_NEVER for rate 0, tb NULL, or a duration
+ * beyond INT64_MAX - 1 ns.
+ */
+TOKENBUCKET_API int64_t tokenbucket_duration_for(const struct tokenbucket *tb, uint64_t tokens);
+/* Sets the replenish threshold: 1 to burst, else -EINVAL (also tb NULL). */
+TOKENBUCKET_API int tokenbucket_set_threshold(struct tokenbucket *tb, uint64_t threshold);
+
+/* ---- The Go face --------------------------------------------------------- */
+
+/*
+ * Go's AllowN(now, n): true and n tokens taken if the bucket holds at least n
+ * at now; false and nothing changed otherwise (n > burst is false).  With rate
+ * TOKENBUCKET_INF always true.  tb NULL is false.
+ */
+TOKENBUCKET_API bool tokenbucket_allow(struct tokenbucket *tb, uint64_t n);
+TOKENBUCKET_API bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n);
+
+struct tokenbucket_reservation {
+	int64_t time_to_act; /* when the tokens are there; TOKENBUCKET_NEVER if never */
+	uint64_t tokens;     /* how many were reserved */
+	uint64_t ticket;     /* the tail rover after this reservation */
+	uint64_t reserved;   /* zero; for the library's use */
+};
+
+/*
+ * Go's reserveN: takes n tokens at now, possibly into debt, and fills *r.
+ * time_to_act is when they are covered (never earlier than the latest time
+ * the bucket has seen).  max_wait bounds time_to_act - now
+ * (TOKENBUCKET_NEVER: no limit).  On error nothing changes.
+ * -EINVAL: tb or r NULL.  -E2BIG: n > burst (finite rate).
+ * -ETIMEDOUT: the wait would exceed max_wait.
+ * -EOVERFLOW: the debt would exceed TOKENBUCKET_DEBT_MAX.
+ * With rate TOKENBUCKET_INF: time_to_act = now, nothing is taken.
+ */
+TOKENBUCKET_API int tokenbucket_reserve(struct tokenbucket *tb, uint64_t n, int64_t max_wait,
+					struct tokenbucket_reservation *r);
+TOKENBUCKET_API int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n,
+					   int64_t max_wait,
+					   struct tokenbucket_reservation *r);
+/* Go's DelayFrom: max(0, r->time_to_act - now); TOKENBUCKET_NEVER for r NULL. */
+TOKENBUCKET_API int64_t tokenbucket_reservation_delay(const struct tokenbucket_reservation *r,
+						      int64_t now);
+/*
+ * Go's CancelAt, made exact: gives back all r->tokens (later tickets are
+ * covered that much sooner) and sets r->tokens to 0.  Gives back nothing if
+ * now is past r->time_to_act, if r->tokens is 0 or if the rate is
+ * TOKENBUCKET_INF.  The bucket never holds more than burst.  NULLs are ignored.
+ */
+TOKENBUCKET_API void tokenbucket_cancel(struct tokenbucket *tb, struct tokenbucket_reservation *r);
+TOKENBUCKET_API void tokenbucket_cancel_at(struct tokenbucket *tb,
+					   struct tokenbucket_reservation *r, int64_t now);
+
+/*
+ * Go's WaitN: reserves n tokens, then sleeps on CLOCK_MONOTONIC until they are
+ * there.  deadline is absolute on tokenbucket_now()'s clock
+ * (TOKENBUCKET_NEVER: none); cancel_fd becomes readable (or hangs up) to
+ * cancel, or is -1.  Signals do not end the wait.
+ * 0: the tokens are taken.  -EINVAL: tb NULL.  -E2BIG: n > burst (finite
+ * rate).  -EBADF: cancel_fd is not an open descriptor (also if it is closed
+ * while sleeping: the reservation is then cancelled).  -ECANCELED: cancel_fd
+ * readable on entry (nothing taken) or while sleeping (the reservation is
+ * cancelled as by tokenbucket_cancel_at).  -ETIMEDOUT: the tokens would not be
+ * there by the deadline (never, with rate 0); nothing is taken.  -EOVERFLOW:
+ * as for tokenbucket_reserve.  Other negative errno values from poll(2).
+ */
+TOKENBUCKET_API int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline,
+				     int cancel_fd);
+
+/* The rate in tokens per second: TOKENBUCKET_INF, 0, or the exact ratio's value. NaN for NULL. */
+TOKENBUCKET_API double tokenbucket_rate(const struct tokenbucket *tb);
+/* The burst in tokens; 0 for NULL. */
+TOKENBUCKET_API uint64_t tokenbucket_burst(const struct tokenbucket *tb);
+/*
+ * Go's TokensAt: the tokens at now, negative in debt, fractional where the
+ * rate makes them so; never above burst.  NaN for tb NULL.
+ */
+TOKENBUCKET_API double tokenbucket_tokens(struct tokenbucket *tb);
+TOKENBUCKET_API double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now);
+/*
+ * Go's SetLimitAt: tokens produced up to now are credited at the old rate
+ * (the fraction of a token carries over, rounded down to a nanosecond of the
+ * new rate), then the new rate applies.  -EINVAL: tb NULL, rate NaN or
+ * negative; for set_rate_every_at, period_ns <= 0 with tokens > 0.
+ */
+TOKENBUCKET_API int tokenbucket_set_rate(struct tokenbucket *tb, double rate);
+TOKENBUCKET_API int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate);
+TOKENBUCKET_API int tokenbucket_set_rate_every_at(struct tokenbucket *tb, int64_t now,
+						  uint64_t tokens, int64_t period_ns);
+/*
+ * Go's SetBurstAt: tokens produced up to now are credited first; lowering
+ * burst drops the tokens above it (and lowers the threshold to it).
+ * -EINVAL: tb NULL.  -ERANGE: burst > TOKENBUCKET_BURST_MAX.
+ */
+TOKENBUCKET_API int tokenbucket_set_burst(struct tokenbucket *tb, uint64_t burst);
+TOKENBUCKET_API int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOKENBUCKET_H */

@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Exact arithmetic of a rate regime.  A finite rate is p tokens every q ns
+ * (lowest terms, p, q >= 1).  Production since the origin is
+ * P(t) = floor((t - origin) * p / q); every product below fits unsigned
+ * 128-bit integers (a 64-bit time difference times a 64-bit factor), so no
+ * rounding enters anywhere and the fraction of a token is never lost.
+ */
+#include <float.h>
+#include <math.h>
+
+#include "internal.h"
+
+typedef unsigned __int128 u128;
+
+static uint64_t gcd64(uint64_t a, uint64_t b)
+{
+	while (b) {
+		uint64_t t = a % b;
+		a = b;
+		b = t;
+	}
+	return a;
+}
+
+/* Time differences are taken modulo 2^64: correct for any a >= b. */
+static uint64_t span(int64_t a, int64_t b)
+{
+	return (uint64_t)a - (uint64_t)b;
+}
+
+static u128 fine_units(const struct tb__rate *r, int64_t t)
+{
+	return (u128)span(t, r->origin) * r->p;
+}
+
+enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t *p, uint64_t *q)
+{
+	if (tokens == 0) {
+		*p = 0;
+		*q = 1;
+		return TB__ZERO;
+	}
+	uint64_t g = gcd64(tokens, (uint64_t)period_ns);
+	*p = tokens / g;
+	*q = (uint64_t)period_ns / g;
+	return TB__FINITE;
+}
+
+/*
+ * A double rate in tokens per second becomes the simplest ratio p/q tokens
+ * per ns that reads back as the same double: the first convergent of the
+ * continued fraction of rate / 1e9 that rounds to it.  Rates slower than a
+ * token per INT64_MAX ns count as that; rates above UINT64_MAX tokens per ns
+ * count as that.
+ */
+enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
+{
+	if (rate == 0) {
+		*p = 0;
+		*q = 1;
+		return TB__ZERO;
+	}
+	if (rate >= DBL_MAX) {
+		*p = 1;
+		*q = 0;
+		return TB__INF;
+	}
+	long double x = (long double)rate / 1e9L;
+	if (x <= 1.0L / (long double)INT64_MAX) {
+		*p = 1;
+		*q = INT64_MAX;
+		return TB__FINITE;
+	}
+	if (x >= (long double)UINT64_MAX) {
+		*p = UINT64_MAX;
+		*q = 1;
+		return TB__FINITE;
+	}
+
+	/* Convergents h/k with h(-2) = 0, h(-1) = 1, k(-2) = 1, k(-1) = 0. */
+	u128 h0 = 0, h1 = 1, k0 = 1, k1 = 0;
+	uint64_t best_p = 0, best_q = 1;
+	long double y = x;
+	for (int i = 0; i < 128; i++) {
+		long double a = floorl(y);
+		if (a >= 18446744073709551616.0L)
+			break;
+		u128 ai = (u128)(uint64_t)a;
+		u128 h2 = ai * h1 + h0, k2 = ai * k1 + k0;
+		if (h2 > UINT64_MAX || k2 > INT64_MAX)
+			break;
+		h0 = h1, h1 = h2, k0 = k1, k1 = k2;
+		if (h1 != 0) {
+			best_p = (uint64_t)h1;
+			best_q = (uint64_t)k1;
+			if ((double)((long double)best_p * 1e9L / (long double)best_q) == rate)
+				break;
+		}
+		long double frac = y - a;
+		if (frac <= 0)
+			break;
+		y = 1.0L / frac;
+	}
+	if (best_p == 0) { /* cannot happen for x > 1/INT64_MAX; stay defined */
+		best_p = 1;
+		best_q = INT64_MAX;
+	}
+	*p = best_p;
+	*q = best_q;
+	return TB__FINITE;
+}
+
+uint64_t tb__produced(const struct tb__rate *r, int64_t a, int64_t b)
+{
+	if (r->kind != TB__FINITE || r->q == 0 || b <= a)
+		return 0;
+	u128 pa = fine_units(r, a) / r->q, pb = fine_units(r, b) / r->q;
+	u128 k = pb - pa;
+	return k > UINT64_MAX ? UINT64_MAX : (uint64_t)k;
+}
+
+int64_t tb__time_of(const struct tb__rate *r, int64_t at, uint64_t j)
+{
+	if (r->kind != TB__FINITE || r->p == 0 || r->q == 0)
+		return TOKENBUCKET_NEVER;
+	u128 rem = fine_units(r, at) % r->q;
+	u128 need = (u128)j * r->q - rem; /* fine units still to produce */
+	u128 wait = (need + r->p - 1) / r->p;
+	if (wait >= (u128)span(TOKENBUCKET_NEVER, at))
+		return TOKENBUCKET_NEVER;
+	return at + (int64_t)wait;
+}
+
+double tb__fraction(const struct tb__rate *r, int64_t t)
+{
+	if (r->kind != TB__FINITE || r->q == 0)
+		return 0;
+	uint64_t rem = (uint64_t)(fine_units(r, t) % r->q);
+	return (double)((long double)rem / (long double)r->q);
+}
+
+int64_t tb__duration(const struct tb__rate *r, uint64_t n)
+{
+	if (n == 0 || r->kind == TB__INF)
+		return 0;
+	if (r->kind != TB__FINITE || r->p == 0)
+		return TOKENBUCKET_NEVER;
+	u128 d = ((u128)n * r->q + r->p - 1) / r->p;
+	return d >= (u128)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
+}
+
+double tb__rate_value(const struct tb__rate *r)
+{
+	switch (r->kind) {
+	case TB__INF:
+		return TOKENBUCKET_INF;
+	case TB__ZERO:
+		return 0;
+	default:
+		return (double)((long double)r->p * 1e9L / (long double)r->q);
+	}
+}
+
+/*
+ * At a rate change at time "at", the fraction of a token the old rate had
+ * produced is kept: the new origin lies before "at" by the time the new rate
+ * needs for that fraction, rounded down to a nanosecond (never invented).
+ */
+int64_t tb__carry_origin(const struct tb__rate *old, const struct tb__rate *new, int64_t at)
+{
+	if (old->kind != TB__FINITE || new->kind != TB__FINITE || old->q == 0 ||
+	    old->origin == TB__NO_TIME || at < old->origin)
+		return at;
+	u128 rem = fine_units(old, at) % old->q;
+	u128 carry = rem * new->q / ((u128)old->q * new->p);
+	if (carry >= (u128)span(at, TB__NO_TIME + 1))
+		return TB__NO_TIME + 1;
+	return at - (int64_t)carry;
+}

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The clock and the sleeping path.  tokenbucket_wait sleeps on
+ * CLOCK_MONOTONIC towards an absolute time, resumes after signals, and
+ * watches the cancel descriptor while it sleeps; it never busy-waits.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <time.h>
+
+#include <bsd/sys/time.h>
+
+#include "internal.h"
+
+int64_t tokenbucket_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static struct timespec timespec_of(int64_t ns)
+{
+	return (struct timespec){ .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
+}
+
+/* 1 if fd is readable or hung up, 0 if not, or a negative errno. */
+static int cancel_requested(int fd)
+{
+	struct pollfd pfd = { .fd = fd, .events = POLLIN };
+	int ready;
+	do
+		ready = poll(&pfd, 1, 0);
+	while (ready < 0 && errno == EINTR);
+	if (ready < 0)
+		return -errno;
+	if (pfd.revents & POLLNVAL)
+		return -EBADF;
+	return ready > 0;
+}
+
+/*
+ * Sleeps until r->time_to_act.  Without a descriptor, clock_nanosleep with
+ * TIMER_ABSTIME; with one, ppoll with the time left, recomputed from the
+ * absolute target after every wake-up so that signals neither shorten nor
+ * lengthen the wait.
+ */
+static int sleep_until(struct tokenbucket *tb, struct tokenbucket_reservation *r, int cancel_fd)
+{
+	struct timespec target = timespec_of(r->time_to_act);
+	int err;
+	for (;;) {
+		if (cancel_fd < 0) {
+			err = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &target, NULL);
+			if (err == 0)
+				return 0;
+			if (err == EINTR)
+				continue;
+			err = -err;
+			break;
+		}
+		struct timespec now, left;
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (!timespeccmp(&now, &target, <))
+			return 0;
+		timespecsub(&target, &now, &left);
+		struct pollfd pfd = { .fd = cancel_fd, .events = POLLIN };
+		int ready = ppoll(&pfd, 1, &left, NULL);
+		if (ready == 0 || (ready < 0 && errno == EINTR))
+			continue;
+		if (ready < 0)
+			err = -errno;
+		else
+			err = (pfd.revents & POLLNVAL) ? -EBADF : -ECANCELED;
+		break;
+	}
+	tokenbucket_cancel_at(tb, r, tokenbucket_now());
+	return err;
+}
+
+int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline, int cancel_fd)
+{
+	if (tb == NULL)
+		return -EINVAL;
+	if (n > tokenbucket_burst(tb) && atomic_load(&tb->kind) != TB__INF)
+		return -E2BIG;
+	if (cancel_fd != -1) {
+		if (cancel_fd < 0 || fcntl(cancel_fd, F_GETFD) == -1)
+			return -EBADF;
+		int cancel = cancel_requested(cancel_fd);
+		if (cancel)
+			return cancel < 0 ? cancel : -ECANCELED;
+	}
+	int64_t now = tokenbucket_now();
+	/* TOKENBUCKET_NEVER - 1 as the limit: a wait that never ends is refused. */
+	int64_t max_wait = deadline == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER - 1
+			   : deadline < now		  ? -1
+							  : deadline - now;
+	struct tokenbucket_reservation r;
+	int err = tokenbucket_reserve_at(tb, now, n, max_wait, &r);
+	if (err)
+		return err;
+	return sleep_until(tb, &r, cancel_fd);
+}
