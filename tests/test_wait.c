@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tokenbucket_wait on the real clock.  Lower bounds are exact (the tokens are
+ * not there before time_to_act); upper bounds are generous margins.
+ */
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check_tb.h"
+
+#define MARGIN (5 * SEC)
+
+static void sleep_ns(int64_t ns)
+{
+	struct timespec ts = { ns / SEC, ns % SEC };
+	while (nanosleep(&ts, &ts) != 0)
+		;
+}
+
+/* An empty bucket producing a token every period_ns from *since (now). */
+static struct tokenbucket *empty_bucket(int64_t period_ns, uint64_t burst, int64_t *since)
+{
+	struct tokenbucket *tb = bucket_every(1, period_ns, burst, 0);
+	*since = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_reset_at(tb, *since, 0), 0);
+	return tb;
+}
+
+START_TEST(wait_returns_at_once_when_tokens_are_there)
+{
+	struct tokenbucket *tb = bucket_every(1, SEC, 3, 0);
+	int64_t start = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_wait(tb, 3, TOKENBUCKET_NEVER, -1), 0);
+	ck_assert_int_lt(tokenbucket_now() - start, MARGIN);
+	ck_assert(!tokenbucket_allow(tb, 1));
+	tokenbucket_free(tb);
+}
+END_TEST
+
+START_TEST(wait_sleeps_until_the_tokens_are_there)
+{
+	int64_t start;
+	struct tokenbucket *tb = empty_bucket(50 * MS, 5, &start);
+	ck_assert_int_eq(tokenbucket_wait(tb, 2, TOKENBUCKET_NEVER, -1), 0);
+	int64_t took = tokenbucket_now() - start;
+	ck_assert_int_ge(took, 100 * MS);
+	ck_assert_int_lt(took, 100 * MS + MARGIN);
+	ck_assert_tokens(tokenbucket_tokens_at(tb, start + 100 * MS), 0); /* they were taken */
+	tokenbucket_free(tb);
+}
+END_TEST
+
+START_TEST(wait_with_a_cancel_fd_that_stays_quiet)
+{
+	int64_t start;
+	struct tokenbucket *tb = empty_bucket(30 * MS, 5, &start);
+	int efd = eventfd(0, EFD_CLOEXEC);
+	ck_assert_int_eq(tokenbucket_wait(tb, 1, start + MARGIN, efd), 0);
+	ck_assert_int_ge(tokenbucket_now() - start, 30 * MS);
+	close(efd);
+	tokenbucket_free(tb);
+}
+END_TEST
+
+START_TEST(wait_refuses_a_deadline_it_cannot_meet)
+{
+	int64_t start;
+	struct tokenbucket *tb = empty_bucket(SEC, 5, &start);
+	ck_assert_int_eq(tokenbucket_wait(tb, 1, start + 100 * MS, -1), -ETIMEDOUT);
+	ck_assert_int_lt(tokenbucket_now() - start, MARGIN); /* at once, not at the deadline */
+	ck_assert_double_lt(tokenbucket_tokens(tb), 1);
+	ck_assert_double_ge(tokenbucket_tokens(tb), 0); /* nothing taken */
+	tokenbucket_free(tb);
+}
+END_TEST
+
+struct canceller {
+	int fd;
+	int64_t after;
+	bool hang_up;
+};
+
+static void *cancel_later(void *arg)
+{
+	struct canceller *c = arg;
+	sleep_ns(c->after);
+	if (c->hang_up) {
+		close(c->fd);
+	} else {
+		uint64_t one = 1;
+		ck_assert_int_eq(write(c->fd, &one, sizeof(one)), (int)sizeof(one));
+	}
+	return NULL;
+}
+
+static void check_cancel_mid_wait(bool hang_up)
+{
+	int64_t since;
+	struct tokenbucket *tb = empty_bucket(10 * SEC, 5, &since);
+	int fds[2];
+	struct canceller c = { .after = 50 * MS, .hang_up = hang_up };
+	int wait_fd;
+	if (hang_up) {
+		ck_assert_int_eq(pipe(fds), 0);
+		wait_fd = fds[0];
+		c.fd = fds[1];
+	} else {
+		wait_fd = c.fd = eventfd(0, EFD_CLOEXEC);
+	}
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, cancel_later, &c), 0);
+	int64_t start = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_wait(tb, 3, TOKENBUCKET_NEVER, wait_fd), -ECANCELED);
+	int64_t took = tokenbucket_now() - start;
+	pthread_join(t, NULL);
+	ck_assert_int_ge(took, 49 * MS);
+	ck_assert_int_lt(took, MARGIN);
+	/* The reservation was given back: the bucket holds what time produced. */
+	double tokens = tokenbucket_tokens(tb);
+	ck_assert_double_ge(tokens, 0);
+	ck_assert_double_lt(tokens, 1);
+	close(wait_fd);
+	tokenbucket_free(tb);
+}
+
+START_TEST(cancel_fd_written_mid_wait)
+{
+	check_cancel_mid_wait(false);
+}
+END_TEST
+
+START_TEST(cancel_pipe_hung_up_mid_wait)
+{
+	check_cancel_mid_wait(true);
+}
+END_TEST
+
+static void on_signal(int sig)
+{
+	(void)sig;
+}
+
+struct storm {
+	pthread_t target;
+	atomic_bool stop;
+	atomic_int sent;
+};
+
+static void *signal_storm(void *arg)
+{
+	struct storm *s = arg;
+	while (!atomic_load(&s->stop)) {
+		pthread_kill(s->target, SIGUSR1);
+		atomic_fetch_add(&s->sent, 1);
+		sleep_ns(200 * US);
+	}
+	return NULL;
+}
+
+static void check_signal_storm(bool with_fd)
+{
+	struct sigaction sa = { .sa_handler = on_signal }; /* no SA_RESTART: calls see EINTR */
+	sigemptyset(&sa.sa_mask);
+	ck_assert_int_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+	int64_t start;
+	struct tokenbucket *tb = empty_bucket(100 * MS, 5, &start);
+	struct storm s = { .target = pthread_self() };
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, signal_storm, &s), 0);
+	int efd = with_fd ? eventfd(0, EFD_CLOEXEC) : -1;
+	int err = tokenbucket_wait(tb, 2, TOKENBUCKET_NEVER, efd);
+	int64_t took = tokenbucket_now() - start;
+	atomic_store(&s.stop, true);
+	pthread_join(t, NULL);
+	ck_assert_int_eq(err, 0);
+	ck_assert_int_gt(atomic_load(&s.sent), 10);
+	ck_assert_int_ge(took, 200 * MS); /* not early */
+	ck_assert_int_lt(took, 200 * MS + MARGIN); /* not stuck */
+	if (efd >= 0)
+		close(efd);
+	tokenbucket_free(tb);
+}
+
+START_TEST(signals_do_not_end_the_wait)
+{
+	check_signal_storm(false);
+}
+END_TEST
+
+START_TEST(signals_do_not_end_the_wait_with_a_cancel_fd)
+{
+	check_signal_storm(true);
+}
+END_TEST
+
+Suite *wait_suite(void)
+{
+	Suite *s = suite_create("wait");
+	TCase *tc = tcase_create("sleeping");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, wait_returns_at_once_when_tokens_are_there);
+	tcase_add_test(tc, wait_sleeps_until_the_tokens_are_there);
+	tcase_add_test(tc, wait_with_a_cancel_fd_that_stays_quiet);
+	tcase_add_test(tc, wait_refuses_a_deadline_it_cannot_meet);
+	tcase_add_test(tc, cancel_fd_written_mid_wait);
+	tcase_add_test(tc, cancel_pipe_hung_up_mid_wait);
+	tcase_add_test(tc, signals_do_not_end_the_wait);
+	tcase_add_test(tc, signals_do_not_end_the_wait_with_a_cancel_fd);
+	suite_add_tcase(s, tc);
+	return s;
+}
