@@ -116,6 +116,8 @@ uint64_t tb__credit(struct tokenbucket *tb, uint64_t k, uint64_t tail_before);
 uint64_t tb__raise_ceil(struct tokenbucket *tb, uint64_t n);
 /* Gives n tokens back (refund, cancel); returns how many fitted. */
 uint64_t tb__give_back(struct tokenbucket *tb, uint64_t n);
+/* Reads a slot; a slot torn by a concurrent writer reads as an inert ZERO regime. */
+void tb__load_slot(const struct tb__slot *s, struct tb__rate *r);
 /* Reads the current regime and marker consistently. */
 void tb__view(const struct tokenbucket *tb, struct tb__rate *r, struct tb__marker *m);
 /* Publishes next as the fast-path hint unless the regime moved meanwhile. */

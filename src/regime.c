@@ -24,15 +24,6 @@ static void store_slot(struct tb__slot *s, const struct tb__rate *r)
 	atomic_store_explicit(&s->kind, r->kind, memory_order_relaxed);
 }
 
-static void current_rate(struct tokenbucket *tb, const struct tb__marker *m, struct tb__rate *r)
-{
-	const struct tb__slot *s = &tb->slot[m->regime & 1];
-	r->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
-	r->p = atomic_load_explicit(&s->p, memory_order_relaxed);
-	r->q = atomic_load_explicit(&s->q, memory_order_relaxed);
-	r->kind = (enum tb__kind)atomic_load_explicit(&s->kind, memory_order_relaxed);
-}
-
 /* After the marker switched to n: make the mirrors and the hint follow. */
 static void publish_regime(struct tokenbucket *tb, const struct tb__marker *n, enum tb__kind kind)
 {
@@ -129,7 +120,7 @@ static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind,
 			continue;
 		}
 		struct tb__rate old, new = { .origin = at, .p = p, .q = q, .kind = kind };
-		current_rate(tb, &m, &old);
+		tb__load_slot(&tb->slot[m.regime & 1], &old);
 		if (m.next != TB__NO_TIME)
 			new.origin = tb__carry_origin(&old, &new, at);
 		n = (struct tb__marker){ tb__time_of(&new, at, 1), m.regime + 1 };
@@ -210,13 +201,13 @@ int tokenbucket_set_burst(struct tokenbucket *tb, uint64_t burst)
 
 int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 {
-	if (tb == NULL || tokens > atomic_load(&tb->burst))
+	if (tb == NULL)
 		return -EINVAL;
 	if (now == TB__NO_TIME)
 		now = TB__NO_TIME + 1;
 	pthread_mutex_lock(&tb->writer);
-	uint64_t burst = atomic_load(&tb->burst);
-	if (tokens > burst) { /* a racing set_burst cannot run: we hold the lock */
+	uint64_t burst = atomic_load(&tb->burst); /* stable: set_burst needs the lock */
+	if (tokens > burst) {
 		pthread_mutex_unlock(&tb->writer);
 		return -EINVAL;
 	}
@@ -224,7 +215,7 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 	struct tb__marker m = atomic_load(&tb->marker), n;
 	for (;;) {
 		struct tb__rate r;
-		current_rate(tb, &m, &r);
+		tb__load_slot(&tb->slot[m.regime & 1], &r);
 		r.origin = now;
 		n = (struct tb__marker){ tb__time_of(&r, now, 1), m.regime + 1 };
 		store_slot(&tb->slot[n.regime & 1], &r);

@@ -11,7 +11,7 @@
  */
 #include "internal.h"
 
-static void load_slot(const struct tb__slot *s, struct tb__rate *r)
+void tb__load_slot(const struct tb__slot *s, struct tb__rate *r)
 {
 	r->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
 	r->p = atomic_load_explicit(&s->p, memory_order_relaxed);
@@ -42,7 +42,7 @@ static void fix_origin(struct tokenbucket *tb, int64_t now)
 	if (!atomic_compare_exchange_strong(&s->origin, &unset, now))
 		return; /* a writer started a regime of its own first */
 	struct tb__rate r;
-	load_slot(s, &r);
+	tb__load_slot(s, &r);
 	struct tb__marker m = { TB__NO_TIME, 0 };
 	struct tb__marker n = { tb__time_of(&r, now, 1), 0 };
 	if (atomic_compare_exchange_strong(&tb->marker, &m, n))
@@ -66,11 +66,11 @@ int64_t tb__observe(struct tokenbucket *tb, int64_t now)
 
 void tb__view(const struct tokenbucket *tb, struct tb__rate *r, struct tb__marker *m)
 {
-	/* The cast drops const only for libatomic's 16-byte load, which does not modify. */
+	/* libatomic's 16-byte load may be a CAS writing back what it read: hence the cast. */
 	struct tokenbucket *w = (struct tokenbucket *)tb;
 	for (;;) {
 		*m = atomic_load(&w->marker);
-		load_slot(&tb->slot[m->regime & 1], r);
+		tb__load_slot(&tb->slot[m->regime & 1], r);
 		/*
 		 * The slot of regime e is rewritten only for regime e + 2, after
 		 * the mirror showed e + 1.  If it still shows at most e after our
@@ -115,7 +115,7 @@ uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold)
 		if (m.next == TB__NO_TIME || now < m.next)
 			return 0;
 		struct tb__rate r;
-		load_slot(&tb->slot[m.regime & 1], &r);
+		tb__load_slot(&tb->slot[m.regime & 1], &r);
 		uint64_t k = tb__produced(&r, m.next - 1, now);
 		if (k == 0 || k < threshold)
 			return 0;
