@@ -19,10 +19,11 @@ bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 	if (tb == NULL)
 		return false;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	if (n > burst && !unlimited(tb))
+	bool inf = unlimited(tb);
+	if (n > burst && !inf)
 		return false;
 	tb__advance(tb, now);
-	if (unlimited(tb))
+	if (inf)
 		return true;
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_relaxed);
 	for (;;) {
@@ -61,10 +62,11 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 	if (tb == NULL || r == NULL)
 		return -EINVAL;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	if (n > burst && !unlimited(tb))
+	bool inf = unlimited(tb);
+	if (n > burst && !inf)
 		return -E2BIG;
 	int64_t at = tb__advance(tb, now);
-	if (unlimited(tb)) {
+	if (inf) {
 		/* Nothing is taken, so there is nothing to give back: tokens is 0. */
 		*r = (struct tokenbucket_reservation){
 			.time_to_act = now == TB__NO_TIME ? now + 1 : now,
