@@ -9,17 +9,12 @@
 
 #include "internal.h"
 
-static bool unlimited(const struct tokenbucket *tb)
-{
-	return atomic_load_explicit(&tb->kind, memory_order_relaxed) == TB__INF;
-}
-
 bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 {
 	if (tb == NULL)
 		return false;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	bool inf = unlimited(tb);
+	bool inf = tb__unlimited(tb);
 	if (n > burst && !inf)
 		return false;
 	tb__advance(tb, now);
@@ -62,7 +57,7 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 	if (tb == NULL || r == NULL)
 		return -EINVAL;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	bool inf = unlimited(tb);
+	bool inf = tb__unlimited(tb);
 	if (n > burst && !inf)
 		return -E2BIG;
 	int64_t at = tb__advance(tb, now);
@@ -123,7 +118,7 @@ void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservatio
 		return;
 	uint64_t n = r->tokens;
 	r->tokens = 0;
-	if (n == 0 || unlimited(tb))
+	if (n == 0 || tb__unlimited(tb))
 		return;
 	if (tb__advance(tb, now) > r->time_to_act)
 		return; /* too late: the tokens were used */
@@ -141,7 +136,7 @@ double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
 		return NAN;
 	int64_t at = tb__advance(tb, now);
 	double burst = (double)atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	if (unlimited(tb))
+	if (tb__unlimited(tb))
 		return burst;
 	struct tb__rate r;
 	struct tb__marker m;

@@ -132,6 +132,12 @@ static inline int64_t tb__advance(struct tokenbucket *tb, int64_t now)
 	return now;
 }
 
+/* An unlimited rate: nothing is taken and the bucket stays full. */
+static inline bool tb__unlimited(const struct tokenbucket *tb)
+{
+	return atomic_load_explicit(&tb->kind, memory_order_relaxed) == TB__INF;
+}
+
 static inline int64_t tb__level(uint64_t head, uint64_t tail)
 {
 	return (int64_t)(head - tail);

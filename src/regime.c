@@ -174,7 +174,7 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 	uint64_t max_threshold = burst ? burst : 1;
 	if (atomic_load(&tb->threshold) > max_threshold)
 		atomic_store(&tb->threshold, max_threshold);
-	if (atomic_load(&tb->kind) == TB__INF)
+	if (tb__unlimited(tb))
 		tb__credit(tb, UINT64_MAX, atomic_load(&tb->tail));
 	/* Tokens above the new burst are dropped by taking them. */
 	uint64_t dropped = 0, tail = atomic_load(&tb->tail);

@@ -13,7 +13,7 @@ uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 	if (tb == NULL)
 		return 0;
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_relaxed);
-	if (atomic_load_explicit(&tb->kind, memory_order_relaxed) == TB__INF)
+	if (tb__unlimited(tb))
 		return tail;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	for (;;) {
@@ -63,7 +63,7 @@ int tokenbucket_release(struct tokenbucket *tb, uint64_t n)
 
 void tokenbucket_refund(struct tokenbucket *tb, uint64_t n)
 {
-	if (tb == NULL || atomic_load_explicit(&tb->kind, memory_order_relaxed) == TB__INF)
+	if (tb == NULL || tb__unlimited(tb))
 		return;
 	tb__give_back(tb, n);
 }

@@ -83,7 +83,7 @@ int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline, int c
 {
 	if (tb == NULL)
 		return -EINVAL;
-	if (n > tokenbucket_burst(tb) && atomic_load(&tb->kind) != TB__INF)
+	if (n > tokenbucket_burst(tb) && !tb__unlimited(tb))
 		return -E2BIG;
 	if (cancel_fd != -1) {
 		if (cancel_fd < 0 || fcntl(cancel_fd, F_GETFD) == -1)
