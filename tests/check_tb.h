@@ -25,6 +25,15 @@ static inline struct tokenbucket *bucket_every(uint64_t tokens, int64_t period_n
 	return tb;
 }
 
+/* As bucket_every, but empty, with its clock fixed at t0. */
+static inline struct tokenbucket *bucket_empty_at(uint64_t tokens, int64_t period_ns, uint64_t burst,
+						  unsigned flags, int64_t t0)
+{
+	struct tokenbucket *tb = bucket_every(tokens, period_ns, burst, flags);
+	ck_assert_int_eq(tokenbucket_reset_at(tb, t0, 0), 0);
+	return tb;
+}
+
 static inline struct tokenbucket *bucket_rate(double rate, uint64_t burst, unsigned flags)
 {
 	struct tokenbucket *tb = NULL;

@@ -47,8 +47,7 @@ END_TEST
 
 START_TEST(reserve_into_debt)
 {
-	struct tokenbucket *tb = bucket_every(1, MS, 10, 0);
-	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 0), 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 10, 0, 0);
 	struct tokenbucket_reservation a, b;
 	ck_assert_int_eq(tokenbucket_reserve_at(tb, 0, 1, TOKENBUCKET_NEVER, &a), 0);
 	ck_assert_int_eq(a.time_to_act, MS);
@@ -103,8 +102,7 @@ END_TEST
 
 START_TEST(cancel_too_late_gives_nothing)
 {
-	struct tokenbucket *tb = bucket_every(1, MS, 10, 0);
-	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 0), 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 10, 0, 0);
 	struct tokenbucket_reservation r;
 	ck_assert_int_eq(tokenbucket_reserve_at(tb, 0, 2, TOKENBUCKET_NEVER, &r), 0);
 	ck_assert_int_eq(r.time_to_act, 2 * MS);
@@ -121,8 +119,7 @@ END_TEST
 
 START_TEST(cancel_covers_later_tickets_sooner)
 {
-	struct tokenbucket *tb = bucket_every(1, MS, 10, 0);
-	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 0), 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 10, 0, 0);
 	struct tokenbucket_reservation a, b;
 	ck_assert_int_eq(tokenbucket_reserve_at(tb, 0, 3, TOKENBUCKET_NEVER, &a), 0);
 	ck_assert_int_eq(tokenbucket_reserve_at(tb, 0, 2, TOKENBUCKET_NEVER, &b), 0);
@@ -138,8 +135,7 @@ END_TEST
 
 START_TEST(set_rate_credits_the_old_rate_first)
 {
-	struct tokenbucket *tb = bucket_every(1, MS, 100, 0);
-	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 0), 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 100, 0, 0);
 	ck_assert_int_eq(tokenbucket_set_rate_every_at(tb, 10 * MS, 2, MS), 0);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 10 * MS), 10);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 15 * MS), 20);
@@ -154,8 +150,7 @@ END_TEST
 START_TEST(set_rate_carries_the_fraction)
 {
 	/* One token per 3 ms: by 4 ms, 1 1/3 tokens; then one per ms. */
-	struct tokenbucket *tb = bucket_every(1, 3 * MS, 100, 0);
-	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 0), 0);
+	struct tokenbucket *tb = bucket_empty_at(1, 3 * MS, 100, 0, 0);
 	ck_assert_int_eq(tokenbucket_set_rate_at(tb, 4 * MS, 1000), 0);
 	/* The third of a token carries as 333 333 ns of the new rate, rounded down. */
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 4 * MS), 1 + 333333.0 / MS);
@@ -187,8 +182,7 @@ END_TEST
 
 START_TEST(tokens_are_fractional)
 {
-	struct tokenbucket *tb = bucket_every(1, 3 * MS, 4, 0);
-	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 0), 0);
+	struct tokenbucket *tb = bucket_empty_at(1, 3 * MS, 4, 0, 0);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, MS), 1.0 / 3);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 2 * MS), 2.0 / 3);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 1000 * MS), 4); /* never above burst */

@@ -2,14 +2,6 @@
 /* The Seastar face: tickets, explicit replenishment, threshold, capped release. */
 #include "check_tb.h"
 
-/* An empty bucket producing one token per ms, clock fixed at 0. */
-static struct tokenbucket *empty_bucket(uint64_t burst, unsigned flags)
-{
-	struct tokenbucket *tb = bucket_every(1, MS, burst, flags);
-	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 0), 0);
-	return tb;
-}
-
 START_TEST(grab_returns_the_tail)
 {
 	struct tokenbucket *tb = bucket_every(1, MS, 10, 0);
@@ -27,7 +19,7 @@ END_TEST
 
 START_TEST(tickets_are_covered_in_order)
 {
-	struct tokenbucket *tb = empty_bucket(10, 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 10, 0, 0);
 	uint64_t a = tokenbucket_grab(tb, 3), b = tokenbucket_grab(tb, 2), c = tokenbucket_grab(tb, 1);
 	ck_assert_uint_eq(tokenbucket_deficiency(tb, a), 3);
 	ck_assert_uint_eq(tokenbucket_deficiency(tb, b), 5);
@@ -47,7 +39,7 @@ END_TEST
 
 START_TEST(replenish_only_when_asked)
 {
-	struct tokenbucket *tb = empty_bucket(10, 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 10, 0, 0);
 	uint64_t t = tokenbucket_grab(tb, 2);
 	ck_assert_uint_eq(tokenbucket_deficiency(tb, t), 2);
 	/* Time passing alone credits nothing to the Seastar face... */
@@ -63,7 +55,7 @@ END_TEST
 
 START_TEST(replenish_is_capped_at_burst)
 {
-	struct tokenbucket *tb = empty_bucket(4, 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 4, 0, 0);
 	tokenbucket_replenish(tb, 100 * MS);
 	uint64_t t = tokenbucket_grab(tb, 5);
 	ck_assert_uint_eq(tokenbucket_deficiency(tb, t), 1);
@@ -78,7 +70,7 @@ END_TEST
 
 START_TEST(replenish_waits_for_the_threshold)
 {
-	struct tokenbucket *tb = empty_bucket(10, 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 10, 0, 0);
 	ck_assert_int_eq(tokenbucket_set_threshold(tb, 4), 0);
 	uint64_t t = tokenbucket_grab(tb, 1);
 	tokenbucket_replenish(tb, 3 * MS);
@@ -198,7 +190,7 @@ END_TEST
 
 START_TEST(mixed_faces_share_one_state)
 {
-	struct tokenbucket *tb = empty_bucket(10, 0);
+	struct tokenbucket *tb = bucket_empty_at(1, MS, 10, 0, 0);
 	struct tokenbucket_reservation r;
 	ck_assert_int_eq(tokenbucket_reserve_at(tb, 0, 2, TOKENBUCKET_NEVER, &r), 0);
 	uint64_t g = tokenbucket_grab(tb, 1);

@@ -21,13 +21,11 @@ static void sleep_ns(int64_t ns)
 		;
 }
 
-/* An empty bucket producing a token every period_ns from *since (now). */
+/* An empty bucket producing a token every period_ns from *since, which is now. */
 static struct tokenbucket *empty_bucket(int64_t period_ns, uint64_t burst, int64_t *since)
 {
-	struct tokenbucket *tb = bucket_every(1, period_ns, burst, 0);
 	*since = tokenbucket_now();
-	ck_assert_int_eq(tokenbucket_reset_at(tb, *since, 0), 0);
-	return tb;
+	return bucket_empty_at(1, period_ns, burst, 0, *since);
 }
 
 START_TEST(wait_returns_at_once_when_tokens_are_there)
