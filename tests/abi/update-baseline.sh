@@ -1,0 +1,29 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# usage: update-baseline.sh LIBRARY SRCDIR
+#
+# Rewrites SRCDIR/abi/libtokenbucket.so.1.abi from LIBRARY, which must be a
+# build with debugging information (CMAKE_BUILD_TYPE=RelWithDebInfo).  Run it
+# only in the change that adds a version node, together with that node's
+# symbols-file lines and manual pages; abidiff.sh explains what it accepts.
+#
+# Only what include/ declares is recorded (struct tokenbucket stays opaque),
+# without source locations or build paths, so that any machine writes the
+# same file.
+set -eu
+
+if [ $# -ne 2 ]; then
+	echo "usage: $0 LIBRARY SRCDIR" >&2
+	exit 2
+fi
+lib=$1
+src=$2
+if ! readelf -S "$lib" | grep -q '\.debug_info'; then
+	echo "$lib has no debugging information: build with CMAKE_BUILD_TYPE=RelWithDebInfo" >&2
+	exit 1
+fi
+abidw --no-corpus-path --no-comp-dir-path --no-show-locs \
+	--headers-dir "$src/include" --drop-private-types --drop-undefined-syms \
+	--out-file "$src/abi/libtokenbucket.so.1.abi" "$lib"
+echo "wrote $src/abi/libtokenbucket.so.1.abi"
