@@ -64,7 +64,7 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 	if (inf) {
 		/* Nothing is taken, so there is nothing to give back: tokens is 0. */
 		*r = (struct tokenbucket_reservation){
-			.time_to_act = now == TB__NO_TIME ? now + 1 : now,
+			.time_to_act = at,
 			.tokens = 0,
 			.ticket = atomic_load(&tb->tail),
 		};

@@ -203,6 +203,9 @@ START_TEST(infinite_rate_allows_everything)
 	ck_assert_uint_eq(r.tokens, 0); /* nothing taken, nothing to give back */
 	tokenbucket_cancel_at(tb, &r, 42);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 42), 3);
+	/* Time never runs backwards, not even without a limit. */
+	ck_assert_int_eq(tokenbucket_reserve_at(tb, 7, 1, 0, &r), 0);
+	ck_assert_int_eq(r.time_to_act, 42);
 	ck_assert_int_eq(tokenbucket_duration_for(tb, 1000), 0);
 	ck_assert_uint_eq(tokenbucket_deficiency(tb, tokenbucket_grab(tb, 1000)), 0);
 	tokenbucket_free(tb);
