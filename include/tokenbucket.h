@@ -16,10 +16,11 @@
  *    floor(T * p / q) whole tokens in T ns, fractions carried.
  *  - Functions returning int return 0 or a negative errno value.
  *    Output parameters are left untouched on failure.
- *  - Every function except tokenbucket_set_* and tokenbucket_reset_at is
- *    lock-free and may be called from any number of threads at once.  The
- *    set_* and reset_at functions serialise among themselves with a lock and
- *    are safe to call concurrently with everything else.
+ *  - Every function except tokenbucket_set_rate*, tokenbucket_set_burst* and
+ *    tokenbucket_reset_at is lock-free and may be called from any number of
+ *    threads at once.  Those serialise among themselves with a lock and are
+ *    safe to call concurrently with everything else.  A reservation belongs
+ *    to one thread at a time; tokenbucket_free must not race anything.
  *
  * See tokenbucket(7) and docs/DESIGN.md for the model.
  */
@@ -173,7 +174,9 @@ struct tokenbucket_reservation {
  * -EINVAL: tb or r NULL.  -E2BIG: n > burst (finite rate).
  * -ETIMEDOUT: the wait would exceed max_wait.
  * -EOVERFLOW: the debt would exceed TOKENBUCKET_DEBT_MAX.
- * With rate TOKENBUCKET_INF: time_to_act = now, nothing is taken.
+ * With rate TOKENBUCKET_INF: time_to_act is now (on the bucket's clock) and
+ * nothing is taken.  With TOKENBUCKET_CAPPED_RELEASE, time_to_act counts the
+ * rate only: ceil may hold the tokens back until tokenbucket_release().
  */
 TOKENBUCKET_API int tokenbucket_reserve(struct tokenbucket *tb, uint64_t n, int64_t max_wait,
 					struct tokenbucket_reservation *r);
@@ -205,6 +208,10 @@ TOKENBUCKET_API void tokenbucket_cancel_at(struct tokenbucket *tb,
  * cancelled as by tokenbucket_cancel_at).  -ETIMEDOUT: the tokens would not be
  * there by the deadline (never, with rate 0); nothing is taken.  -EOVERFLOW:
  * as for tokenbucket_reserve.  Other negative errno values from poll(2).
+ * With TOKENBUCKET_CAPPED_RELEASE the wait lasts until ceil lets the tokens
+ * in too, checking again each time the rate could have produced what is
+ * missing (at most once a millisecond); if they are not in by the deadline,
+ * the reservation is given back and the result is -ETIMEDOUT.
  */
 TOKENBUCKET_API int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline,
 				     int cancel_fd);

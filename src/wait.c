@@ -79,6 +79,41 @@ static int sleep_until(struct tokenbucket *tb, struct tokenbucket_reservation *r
 	return err;
 }
 
+/* The shortest pause between two checks of a capped-release bucket. */
+#define CAPPED_RECHECK_NS 1000000
+
+/*
+ * Sleeps until the reservation is covered.  time_to_act counts the rate
+ * only; with TOKENBUCKET_CAPPED_RELEASE, ceil can hold head back for longer,
+ * and tokenbucket_release() wakes no one.  So a capped bucket is checked
+ * again after each sleep, sleeping at least CAPPED_RECHECK_NS or the time
+ * the rate needs for what is missing, until the deadline.  A reservation
+ * still not covered by then is given back whole.
+ */
+static int sleep_until_covered(struct tokenbucket *tb, struct tokenbucket_reservation *r,
+			       int64_t deadline, int cancel_fd)
+{
+	for (;;) {
+		int err = sleep_until(tb, r, cancel_fd);
+		if (err || !(tb->flags & TOKENBUCKET_CAPPED_RELEASE))
+			return err;
+		int64_t now = tb__advance(tb, tokenbucket_now());
+		uint64_t missing = tokenbucket_deficiency(tb, r->ticket);
+		if (missing == 0)
+			return 0;
+		if (now >= deadline) {
+			tb__give_back(tb, r->tokens);
+			r->tokens = 0;
+			return -ETIMEDOUT;
+		}
+		int64_t pause = tokenbucket_duration_for(tb, missing);
+		if (pause < CAPPED_RECHECK_NS)
+			pause = CAPPED_RECHECK_NS;
+		/* Moving time_to_act keeps a cancel while sleeping in time to give back. */
+		r->time_to_act = pause >= deadline - now ? deadline : now + pause;
+	}
+}
+
 int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline, int cancel_fd)
 {
 	if (tb == NULL)
@@ -101,5 +136,5 @@ int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline, int c
 	int err = tokenbucket_reserve_at(tb, now, n, max_wait, &r);
 	if (err)
 		return err;
-	return sleep_until(tb, &r, cancel_fd);
+	return sleep_until_covered(tb, &r, deadline, cancel_fd);
 }

@@ -137,6 +137,69 @@ START_TEST(cancel_pipe_hung_up_mid_wait)
 }
 END_TEST
 
+/*
+ * Capped release: a full bucket of 2 (a token a millisecond) whose tokens are
+ * all grabbed and in flight.  The rate alone would cover one more token in
+ * 1 ms, but ceil holds head back until a release.
+ */
+static struct tokenbucket *capped_bucket_in_flight(void)
+{
+	struct tokenbucket *tb = NULL;
+	ck_assert_int_eq(tokenbucket_create_every(&tb, 1, MS, 2, TOKENBUCKET_CAPPED_RELEASE), 0);
+	tokenbucket_grab(tb, 2);
+	return tb;
+}
+
+struct releaser {
+	struct tokenbucket *tb;
+	int64_t after;
+};
+
+static void *release_later(void *arg)
+{
+	struct releaser *rl = arg;
+	sleep_ns(rl->after);
+	ck_assert_int_eq(tokenbucket_release(rl->tb, 1), 0);
+	return NULL;
+}
+
+START_TEST(capped_wait_lasts_until_a_release)
+{
+	struct tokenbucket *tb = capped_bucket_in_flight();
+	struct releaser rl = { tb, 60 * MS };
+	int64_t start = tokenbucket_now(); /* before the releaser starts counting */
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, release_later, &rl), 0);
+	ck_assert_int_eq(tokenbucket_wait(tb, 1, start + MARGIN, -1), 0);
+	int64_t took = tokenbucket_now() - start;
+	pthread_join(t, NULL);
+	ck_assert_int_ge(took, 60 * MS);
+	ck_assert_int_lt(took, MARGIN);
+	ck_assert_uint_eq(tokenbucket_deficiency(tb, 3), 0);
+	tokenbucket_free(tb);
+}
+END_TEST
+
+START_TEST(capped_wait_without_a_release_times_out_and_gives_back)
+{
+	struct tokenbucket *tb = capped_bucket_in_flight();
+	int64_t start = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_wait(tb, 1, start + 60 * MS, -1), -ETIMEDOUT);
+	int64_t took = tokenbucket_now() - start;
+	ck_assert_int_ge(took, 60 * MS);
+	ck_assert_int_lt(took, MARGIN);
+	/* Nothing was taken: two in flight, none in the bucket, none owed. */
+	ck_assert_tokens(tokenbucket_tokens(tb), 0);
+	/* One release makes room for exactly one token. */
+	ck_assert_int_eq(tokenbucket_release(tb, 1), 0);
+	int64_t later = tokenbucket_now() + 10 * MS;
+	ck_assert_tokens(tokenbucket_tokens_at(tb, later), 1);
+	ck_assert(tokenbucket_allow_at(tb, later, 1));
+	ck_assert(!tokenbucket_allow_at(tb, later + SEC, 1));
+	tokenbucket_free(tb);
+}
+END_TEST
+
 static void on_signal(int sig)
 {
 	(void)sig;
@@ -208,6 +271,8 @@ Suite *wait_suite(void)
 	tcase_add_test(tc, cancel_pipe_hung_up_mid_wait);
 	tcase_add_test(tc, signals_do_not_end_the_wait);
 	tcase_add_test(tc, signals_do_not_end_the_wait_with_a_cancel_fd);
+	tcase_add_test(tc, capped_wait_lasts_until_a_release);
+	tcase_add_test(tc, capped_wait_without_a_release_times_out_and_gives_back);
 	suite_add_tcase(s, tc);
 	return s;
 }
