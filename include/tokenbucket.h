@@ -16,11 +16,11 @@
  *    floor(T * p / q) whole tokens in T ns, fractions carried.
  *  - Functions returning int return 0 or a negative errno value.
  *    Output parameters are left untouched on failure.
- *  - Every function except tokenbucket_set_rate*, tokenbucket_set_burst* and
- *    tokenbucket_reset_at is lock-free and may be called from any number of
- *    threads at once.  Those serialise among themselves with a lock and are
- *    safe to call concurrently with everything else.  A reservation belongs
- *    to one thread at a time; tokenbucket_free must not race anything.
+ *  - Every function except tokenbucket_set_* and tokenbucket_reset_at is
+ *    lock-free and may be called from any number of threads at once.  The
+ *    set_* and reset_at functions serialise among themselves with a lock and
+ *    are safe to call concurrently with everything else.  A reservation
+ *    belongs to one thread at a time; tokenbucket_free must not race anything.
  *
  * See tokenbucket(7) and docs/DESIGN.md for the model.
  */
@@ -119,8 +119,9 @@ TOKENBUCKET_API uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n);
 /*
  * Credits the whole tokens produced since the last credit, once they reach
  * the threshold (default 1).  Tokens beyond burst, or that would push head
- * past ceil, are lost.  A replenish that credits nothing changes nothing
- * (except that it fixes the clock of a bucket that has seen no time).
+ * past ceil, are lost.  A replenish that comes before threshold tokens are
+ * produced changes nothing (except that it fixes the clock of a bucket that
+ * has seen no time).
  */
 TOKENBUCKET_API void tokenbucket_replenish(struct tokenbucket *tb, int64_t now);
 /*

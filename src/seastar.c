@@ -78,11 +78,18 @@ int64_t tokenbucket_duration_for(const struct tokenbucket *tb, uint64_t tokens)
 	return tb__duration(&r, tokens);
 }
 
+/* A writer: under tb->writer, so that a set_burst lowering the burst cannot
+ * slip between the check and the store and leave threshold above burst. */
 int tokenbucket_set_threshold(struct tokenbucket *tb, uint64_t threshold)
 {
-	if (tb == NULL || threshold == 0 ||
-	    threshold > atomic_load_explicit(&tb->burst, memory_order_relaxed))
+	if (tb == NULL || threshold == 0)
 		return -EINVAL;
-	atomic_store(&tb->threshold, threshold);
-	return 0;
+	int err = 0;
+	pthread_mutex_lock(&tb->writer);
+	if (threshold > atomic_load_explicit(&tb->burst, memory_order_relaxed))
+		err = -EINVAL;
+	else
+		atomic_store(&tb->threshold, threshold);
+	pthread_mutex_unlock(&tb->writer);
+	return err;
 }
