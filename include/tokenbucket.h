@@ -154,8 +154,9 @@ TOKENBUCKET_API int tokenbucket_set_threshold(struct tokenbucket *tb, uint64_t t
 
 /*
  * Go's AllowN(now, n): true and n tokens taken if the bucket holds at least n
- * at now; false and nothing changed otherwise (n > burst is false).  With rate
- * TOKENBUCKET_INF always true.  tb NULL is false.
+ * at now; false and nothing taken otherwise (n > burst is false).  Either way
+ * the bucket has seen now.  With rate TOKENBUCKET_INF always true.  tb NULL
+ * is false.
  */
 TOKENBUCKET_API bool tokenbucket_allow(struct tokenbucket *tb, uint64_t n);
 TOKENBUCKET_API bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n);
@@ -171,13 +172,14 @@ struct tokenbucket_reservation {
  * Go's reserveN: takes n tokens at now, possibly into debt, and fills *r.
  * time_to_act is when they are covered (never earlier than the latest time
  * the bucket has seen).  max_wait bounds time_to_act - now
- * (TOKENBUCKET_NEVER: no limit).  On error nothing changes.
+ * (TOKENBUCKET_NEVER: no limit).  On error nothing is taken and *r is
+ * untouched (after -ETIMEDOUT or -EOVERFLOW the bucket has seen now).
  * -EINVAL: tb or r NULL.  -E2BIG: n > burst (finite rate).
  * -ETIMEDOUT: the wait would exceed max_wait.
  * -EOVERFLOW: the debt would exceed TOKENBUCKET_DEBT_MAX.
  * With rate TOKENBUCKET_INF: time_to_act is now (on the bucket's clock) and
- * nothing is taken.  With TOKENBUCKET_CAPPED_RELEASE, time_to_act counts the
- * rate only: ceil may hold the tokens back until tokenbucket_release().
+ * nothing is taken.  time_to_act is exact for the rate in force; a later
+ * rate change, or ceil under TOKENBUCKET_CAPPED_RELEASE, may delay the tokens.
  */
 TOKENBUCKET_API int tokenbucket_reserve(struct tokenbucket *tb, uint64_t n, int64_t max_wait,
 					struct tokenbucket_reservation *r);
@@ -188,8 +190,8 @@ TOKENBUCKET_API int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, 
 TOKENBUCKET_API int64_t tokenbucket_reservation_delay(const struct tokenbucket_reservation *r,
 						      int64_t now);
 /*
- * Go's CancelAt, made exact: gives back all r->tokens (later tickets are
- * covered that much sooner) and sets r->tokens to 0.  Gives back nothing if
+ * Go's CancelAt, made exact: gives back all r->tokens (tickets still waiting
+ * are covered that much sooner) and sets r->tokens to 0.  Gives back nothing if
  * now is past r->time_to_act, if r->tokens is 0 or if the rate is
  * TOKENBUCKET_INF.  The bucket never holds more than burst.  NULLs are ignored.
  */
@@ -201,18 +203,19 @@ TOKENBUCKET_API void tokenbucket_cancel_at(struct tokenbucket *tb,
  * Go's WaitN: reserves n tokens, then sleeps on CLOCK_MONOTONIC until they are
  * there.  deadline is absolute on tokenbucket_now()'s clock
  * (TOKENBUCKET_NEVER: none); cancel_fd becomes readable (or hangs up) to
- * cancel, or is -1.  Signals do not end the wait.
+ * cancel, or is -1.  Signals do not end the wait.  A wait that fails takes
+ * nothing: a reservation it made is given back whole.
  * 0: the tokens are taken.  -EINVAL: tb NULL.  -E2BIG: n > burst (finite
- * rate).  -EBADF: cancel_fd is not an open descriptor (also if it is closed
- * while sleeping: the reservation is then cancelled).  -ECANCELED: cancel_fd
- * readable on entry (nothing taken) or while sleeping (the reservation is
- * cancelled as by tokenbucket_cancel_at).  -ETIMEDOUT: the tokens would not be
+ * rate).  -EBADF: cancel_fd is not an open descriptor (closing it while
+ * another thread waits on it is no way to cancel: it is noticed, if at all,
+ * only when a sleep ends).  -ECANCELED: cancel_fd readable or hung up, on
+ * entry or while sleeping.  -ETIMEDOUT: the tokens would not be
  * there by the deadline (never, with rate 0); nothing is taken.  -EOVERFLOW:
  * as for tokenbucket_reserve.  Other negative errno values from poll(2).
- * With TOKENBUCKET_CAPPED_RELEASE the wait lasts until ceil lets the tokens
- * in too, checking again each time the rate could have produced what is
- * missing (at most once a millisecond); if they are not in by the deadline,
- * the reservation is given back and the result is -ETIMEDOUT.
+ * The wait lasts until the tokens are really there: if a rate change, or ceil
+ * under TOKENBUCKET_CAPPED_RELEASE, holds them back past time_to_act, it
+ * checks again each time the rate could have produced what is missing
+ * (between 1 ms and 1 s apart) until the deadline, then gives -ETIMEDOUT.
  */
 TOKENBUCKET_API int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline,
 				     int cancel_fd);

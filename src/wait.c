@@ -41,24 +41,21 @@ static int cancel_requested(int fd)
 }
 
 /*
- * Sleeps until r->time_to_act.  Without a descriptor, clock_nanosleep with
- * TIMER_ABSTIME; with one, ppoll with the time left, recomputed from the
+ * Sleeps until target_ns: 0, or a negative errno (-ECANCELED, -EBADF, or
+ * what the sleep itself failed with).  Without a descriptor, clock_nanosleep
+ * with TIMER_ABSTIME; with one, ppoll with the time left, recomputed from the
  * absolute target after every wake-up so that signals neither shorten nor
  * lengthen the wait.
  */
-static int sleep_until(struct tokenbucket *tb, struct tokenbucket_reservation *r, int cancel_fd)
+static int sleep_until(int64_t target_ns, int cancel_fd)
 {
-	struct timespec target = timespec_of(r->time_to_act);
-	int err;
+	struct timespec target = timespec_of(target_ns);
 	for (;;) {
 		if (cancel_fd < 0) {
-			err = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &target, NULL);
-			if (err == 0)
-				return 0;
+			int err = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &target, NULL);
 			if (err == EINTR)
 				continue;
-			err = -err;
-			break;
+			return -err;
 		}
 		struct timespec now, left;
 		clock_gettime(CLOCK_MONOTONIC, &now);
@@ -70,46 +67,52 @@ static int sleep_until(struct tokenbucket *tb, struct tokenbucket_reservation *r
 		if (ready == 0 || (ready < 0 && errno == EINTR))
 			continue;
 		if (ready < 0)
-			err = -errno;
-		else
-			err = (pfd.revents & POLLNVAL) ? -EBADF : -ECANCELED;
-		break;
+			return -errno;
+		return (pfd.revents & POLLNVAL) ? -EBADF : -ECANCELED;
 	}
-	tokenbucket_cancel_at(tb, r, tokenbucket_now());
+}
+
+/* A wait that fails takes nothing: the whole reservation goes back, even
+ * when the failure is noticed after time_to_act (a closed descriptor does
+ * not wake ppoll, so it is seen only when the sleep ends). */
+static int give_back(struct tokenbucket *tb, struct tokenbucket_reservation *r, int err)
+{
+	tb__give_back(tb, r->tokens);
+	r->tokens = 0;
 	return err;
 }
 
-/* The shortest pause between two checks of a capped-release bucket. */
-#define CAPPED_RECHECK_NS 1000000
+/* Bounds of the pause between two checks of a reservation not yet covered. */
+#define RECHECK_MIN_NS 1000000
+#define RECHECK_MAX_NS 1000000000
 
 /*
- * Sleeps until the reservation is covered.  time_to_act counts the rate
- * only; with TOKENBUCKET_CAPPED_RELEASE, ceil can hold head back for longer,
- * and tokenbucket_release() wakes no one.  So a capped bucket is checked
- * again after each sleep, sleeping at least CAPPED_RECHECK_NS or the time
- * the rate needs for what is missing, until the deadline.  A reservation
- * still not covered by then is given back whole.
+ * Sleeps until the reservation is covered.  time_to_act is exact for the
+ * rate in force when the tokens were reserved, but a later set_rate, or
+ * ceil under TOKENBUCKET_CAPPED_RELEASE, can make the tokens come later, and
+ * nothing wakes a sleeper when they do.  So after each sleep the ticket's
+ * deficiency is checked, and while tokens are missing the wait sleeps again
+ * for the time the rate needs for them (within RECHECK_MIN_NS and
+ * RECHECK_MAX_NS), until the deadline.  A reservation not covered by then
+ * is given back whole.
  */
 static int sleep_until_covered(struct tokenbucket *tb, struct tokenbucket_reservation *r,
 			       int64_t deadline, int cancel_fd)
 {
 	for (;;) {
-		int err = sleep_until(tb, r, cancel_fd);
-		if (err || !(tb->flags & TOKENBUCKET_CAPPED_RELEASE))
-			return err;
+		int err = sleep_until(r->time_to_act, cancel_fd);
+		if (err)
+			return give_back(tb, r, err);
 		int64_t now = tb__advance(tb, tokenbucket_now());
 		uint64_t missing = tokenbucket_deficiency(tb, r->ticket);
 		if (missing == 0)
 			return 0;
-		if (now >= deadline) {
-			tb__give_back(tb, r->tokens);
-			r->tokens = 0;
-			return -ETIMEDOUT;
-		}
+		if (now >= deadline)
+			return give_back(tb, r, -ETIMEDOUT);
 		int64_t pause = tokenbucket_duration_for(tb, missing);
-		if (pause < CAPPED_RECHECK_NS)
-			pause = CAPPED_RECHECK_NS;
-		/* Moving time_to_act keeps a cancel while sleeping in time to give back. */
+		pause = pause < RECHECK_MIN_NS ? RECHECK_MIN_NS
+			: pause > RECHECK_MAX_NS ? RECHECK_MAX_NS
+						  : pause;
 		r->time_to_act = pause >= deadline - now ? deadline : now + pause;
 	}
 }
