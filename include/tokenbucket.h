@@ -154,9 +154,9 @@ TOKENBUCKET_API int tokenbucket_set_threshold(struct tokenbucket *tb, uint64_t t
 
 /*
  * Go's AllowN(now, n): true and n tokens taken if the bucket holds at least n
- * at now; false and nothing taken otherwise (n > burst is false).  Either way
- * the bucket has seen now.  With rate TOKENBUCKET_INF always true.  tb NULL
- * is false.
+ * at now; false and nothing taken otherwise.  n > burst is false at once;
+ * any other call leaves the bucket having seen now.  With rate
+ * TOKENBUCKET_INF always true.  tb NULL is false.
  */
 TOKENBUCKET_API bool tokenbucket_allow(struct tokenbucket *tb, uint64_t n);
 TOKENBUCKET_API bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n);
