@@ -11,7 +11,7 @@
 #     DESCRIPTION, RETURN VALUE, ERRORS, ATTRIBUTES, VERSIONS and SEE ALSO,
 #     in that order, and every function in its NAME has a file of its own;
 #   - every page's NAME line is one lexgrog can read (for whatis and apropos).
-# Exits 77 (skipped; see skip below) when man(1) is not installed.
+# Skips (tests/skip.sh) when man(1) is not installed.
 set -eu
 
 if [ $# -ne 1 ]; then
@@ -19,18 +19,9 @@ if [ $# -ne 1 ]; then
 	exit 2
 fi
 src=$1
-# A missing tool skips the test (77), or fails it where TOKENBUCKET_NO_SKIP
-# is set (CI, which installs the tools).
-skip() {
-	if [ -n "${TOKENBUCKET_NO_SKIP:-}" ]; then
-		echo "(TOKENBUCKET_NO_SKIP is set: failing instead)" >&2
-		exit 1
-	fi
-	exit 77
-}
+. "$(dirname "$0")/../skip.sh"
 if ! command -v man >/dev/null 2>&1; then
-	echo "man pages: SKIP: man (package man-db) is not installed"
-	skip
+	skip "man pages: man (package man-db) is not installed"
 fi
 status=0
 fail() {
