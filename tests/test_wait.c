@@ -153,26 +153,40 @@ static struct tokenbucket *capped_bucket_in_flight(void)
 	return tb;
 }
 
-struct releaser {
+/* A thread that sleeps `after` ns, then calls act(tb) and records when. */
+struct later {
 	struct tokenbucket *tb;
 	int64_t after;
+	int (*act)(struct tokenbucket *tb);
+	int64_t done; /* tokenbucket_now() once act returned */
 };
 
-static void *release_later(void *arg)
+static void *act_later(void *arg)
 {
-	struct releaser *rl = arg;
-	sleep_ns(rl->after);
-	ck_assert_int_eq(tokenbucket_release(rl->tb, 1), 0);
+	struct later *l = arg;
+	sleep_ns(l->after);
+	ck_assert_int_eq(l->act(l->tb), 0);
+	l->done = tokenbucket_now();
 	return NULL;
+}
+
+static int release_one(struct tokenbucket *tb)
+{
+	return tokenbucket_release(tb, 1);
+}
+
+static int slow_down(struct tokenbucket *tb)
+{
+	return tokenbucket_set_rate_every_at(tb, tokenbucket_now(), 1, 2 * SEC);
 }
 
 START_TEST(capped_wait_lasts_until_a_release)
 {
 	struct tokenbucket *tb = capped_bucket_in_flight();
-	struct releaser rl = { tb, 60 * MS };
+	struct later rl = { .tb = tb, .after = 60 * MS, .act = release_one };
 	int64_t start = tokenbucket_now(); /* before the releaser starts counting */
 	pthread_t t;
-	ck_assert_int_eq(pthread_create(&t, NULL, release_later, &rl), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, act_later, &rl), 0);
 	ck_assert_int_eq(tokenbucket_wait(tb, 1, start + MARGIN, -1), 0);
 	int64_t took = tokenbucket_now() - start;
 	pthread_join(t, NULL);
@@ -203,27 +217,13 @@ START_TEST(capped_wait_without_a_release_times_out_and_gives_back)
 }
 END_TEST
 
-struct slower {
-	struct tokenbucket *tb;
-	int64_t at; /* when the rate changed */
-};
-
-static void *slow_down_later(void *arg)
-{
-	struct slower *sl = arg;
-	sleep_ns(10 * MS);
-	ck_assert_int_eq(tokenbucket_set_rate_every_at(sl->tb, tokenbucket_now(), 1, 2 * SEC), 0);
-	sl->at = tokenbucket_now();
-	return NULL;
-}
-
 START_TEST(wait_follows_a_rate_lowered_while_it_sleeps)
 {
 	int64_t start;
 	struct tokenbucket *tb = empty_bucket(200 * MS, 5, &start);
-	struct slower sl = { tb, 0 };
+	struct later sl = { .tb = tb, .after = 10 * MS, .act = slow_down };
 	pthread_t t;
-	ck_assert_int_eq(pthread_create(&t, NULL, slow_down_later, &sl), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, act_later, &sl), 0);
 	ck_assert_int_eq(tokenbucket_wait(tb, 1, TOKENBUCKET_NEVER, -1), 0);
 	int64_t took = tokenbucket_now() - start;
 	pthread_join(t, NULL);
@@ -233,7 +233,7 @@ START_TEST(wait_follows_a_rate_lowered_while_it_sleeps)
 	 * new rate makes in 500 ms: not before 500 ms.  (A later change proves
 	 * nothing; the first reservation may have been covered already.)
 	 */
-	if (sl.at - start < 150 * MS)
+	if (sl.done - start < 150 * MS)
 		ck_assert_int_ge(took, 500 * MS);
 	tokenbucket_free(tb);
 }
