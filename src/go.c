@@ -36,7 +36,7 @@ bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 
 bool tokenbucket_allow(struct tokenbucket *tb, uint64_t n)
 {
-	return tokenbucket_allow_at(tb, tokenbucket_now(), n);
+	return tokenbucket_allow_at(tb, tb__now(), n);
 }
 
 /* When `debt` more tokens than head holds will have been produced. */
@@ -98,7 +98,7 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 int tokenbucket_reserve(struct tokenbucket *tb, uint64_t n, int64_t max_wait,
 			struct tokenbucket_reservation *r)
 {
-	return tokenbucket_reserve_at(tb, tokenbucket_now(), n, max_wait, r);
+	return tokenbucket_reserve_at(tb, tb__now(), n, max_wait, r);
 }
 
 int64_t tokenbucket_reservation_delay(const struct tokenbucket_reservation *r, int64_t now)
@@ -127,7 +127,7 @@ void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservatio
 
 void tokenbucket_cancel(struct tokenbucket *tb, struct tokenbucket_reservation *r)
 {
-	tokenbucket_cancel_at(tb, r, tokenbucket_now());
+	tokenbucket_cancel_at(tb, r, tb__now());
 }
 
 double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
@@ -159,5 +159,5 @@ double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
 
 double tokenbucket_tokens(struct tokenbucket *tb)
 {
-	return tokenbucket_tokens_at(tb, tokenbucket_now());
+	return tokenbucket_tokens_at(tb, tb__now());
 }

@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "tokenbucket.h"
 
@@ -43,12 +44,13 @@ struct tb__slot {
  * yet claimed appears (TOKENBUCKET_NEVER: none will; TB__NO_TIME: the clock is
  * not fixed yet).  Claiming the tokens produced up to now moves next past now.
  * regime counts rate changes and resets; it makes a claim computed under an
- * old regime fail its compare-and-swap.  16 bytes, changed only by CAS.
+ * old regime fail its compare-and-swap.  16 bytes, changed only by a 16-byte
+ * CAS; accessed only through the tb__marker_* helpers below.
  */
 struct tb__marker {
 	int64_t next;
 	uint64_t regime;
-};
+} __attribute__((aligned(16)));
 
 /* A consistent view of the current regime, taken by tb__view(). */
 struct tb__rate {
@@ -60,8 +62,9 @@ struct tb__rate {
 
 struct tokenbucket {
 	/*
-	 * Line 0: all that allow, grab and deficiency read.  Rovers count whole
-	 * tokens modulo 2^64 and are compared as signed differences:
+	 * Line 0: all that allow, grab and deficiency write or read, except
+	 * marker.next.  Rovers count whole tokens modulo 2^64 and are compared
+	 * as signed differences:
 	 *   level = head - tail, -TOKENBUCKET_DEBT_MAX <= level <= burst.
 	 * tail and clock are written by every take; head by credits and refunds.
 	 */
@@ -69,14 +72,17 @@ struct tokenbucket {
 	_Atomic int64_t clock;             /* latest time seen, only grows (except reset) */
 	_Atomic uint64_t head;             /* tokens ever credited or given back */
 	_Atomic uint64_t ceil;             /* capped release: head never passes it */
-	_Atomic int64_t next_hint;         /* no unclaimed token appears before this; <= marker.next */
 	_Atomic uint64_t burst;
 	_Atomic uint64_t threshold;        /* replenish credits only this many at once */
 	_Atomic uint32_t kind;             /* enum tb__kind of the current regime */
 	uint32_t flags;                    /* TOKENBUCKET_CAPPED_RELEASE; fixed at create */
 
-	/* Line 1: production claim and rate regimes, touched once per token. */
-	alignas(64) _Atomic struct tb__marker marker;
+	/*
+	 * Line 1: production claim and rate regimes, written once per claim and
+	 * read by every take (marker.next: is there anything to claim?), so
+	 * takes keep it shared in their caches between claims.
+	 */
+	alignas(64) struct tb__marker marker;
 	_Atomic uint64_t regime; /* marker.regime as last published; lags it, never leads */
 	struct tb__slot slot[2]; /* regime e lives in slot[e & 1] */
 
@@ -106,8 +112,8 @@ int64_t tb__carry_origin(const struct tb__rate *old, const struct tb__rate *new,
 
 /* ---- rovers.c: the shared core ------------------------------------------- */
 
-/* Records now in the clock; returns the effective now, max(now, latest seen). */
-int64_t tb__observe(struct tokenbucket *tb, int64_t now);
+/* The clock's slow path: records now > seen; fixes the origin on the first time. */
+int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen);
 /* Claims and credits the tokens produced up to now, if at least threshold. */
 uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold);
 /* Adds up to k tokens to head, within burst (from tail_before) and ceil. */
@@ -120,14 +126,65 @@ uint64_t tb__give_back(struct tokenbucket *tb, uint64_t n);
 void tb__load_slot(const struct tb__slot *s, struct tb__rate *r);
 /* Reads the current regime and marker consistently. */
 void tb__view(const struct tokenbucket *tb, struct tb__rate *r, struct tb__marker *m);
-/* Publishes next as the fast-path hint unless the regime moved meanwhile. */
-void tb__publish_hint(struct tokenbucket *tb, int64_t next, uint64_t regime);
+
+/*
+ * The marker, through GCC's __atomic builtins (clang has them too): a 16-byte
+ * load or CAS (libatomic: cmpxchg16b on x86-64, casp on aarch64), and plain
+ * 8-byte loads of either half.  A half-load is single-copy atomic for its
+ * half; a pair of them may be torn, so it only seeds a CAS, which checks it.
+ */
+static inline int64_t tb__marker_next(const struct tokenbucket *tb)
+{
+	return __atomic_load_n(&tb->marker.next, __ATOMIC_RELAXED);
+}
+
+static inline struct tb__marker tb__marker_peek(const struct tokenbucket *tb)
+{
+	/* Acquire, so that a later load of next cannot move before them. */
+	return (struct tb__marker){
+		__atomic_load_n(&tb->marker.next, __ATOMIC_ACQUIRE),
+		__atomic_load_n(&tb->marker.regime, __ATOMIC_ACQUIRE),
+	};
+}
+
+static inline struct tb__marker tb__marker_load(const struct tokenbucket *tb)
+{
+	/* libatomic's 16-byte load may be a CAS writing back what it read: hence the cast. */
+	struct tb__marker m;
+	__atomic_load((struct tb__marker *)&tb->marker, &m, __ATOMIC_SEQ_CST);
+	return m;
+}
+
+/* On failure *expected becomes the marker's current value (read atomically). */
+static inline bool tb__marker_cas(struct tokenbucket *tb, struct tb__marker *expected,
+				  struct tb__marker desired)
+{
+	return __atomic_compare_exchange(&tb->marker, expected, &desired, false,
+					 __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+
+/* Records now in the clock; returns the effective now, max(now, latest seen). */
+static inline int64_t tb__observe(struct tokenbucket *tb, int64_t now)
+{
+	if (now == TB__NO_TIME)
+		now = TB__NO_TIME + 1;
+	int64_t seen = atomic_load_explicit(&tb->clock, memory_order_relaxed);
+	return now > seen ? tb__observe_later(tb, now, seen) : seen;
+}
+
+/* CLOCK_MONOTONIC in ns; inlined into the calls without _at (tokenbucket_now is this). */
+static inline int64_t tb__now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 /* The Go face's entry: observe now and credit everything produced up to it. */
 static inline int64_t tb__advance(struct tokenbucket *tb, int64_t now)
 {
 	now = tb__observe(tb, now);
-	if (now >= atomic_load_explicit(&tb->next_hint, memory_order_relaxed))
+	if (now >= tb__marker_next(tb))
 		tb__produce(tb, now, 1);
 	return now;
 }

@@ -24,12 +24,11 @@ static void store_slot(struct tb__slot *s, const struct tb__rate *r)
 	atomic_store_explicit(&s->kind, r->kind, memory_order_relaxed);
 }
 
-/* After the marker switched to n: make the mirrors and the hint follow. */
+/* After the marker switched to n: make the mirrors follow. */
 static void publish_regime(struct tokenbucket *tb, const struct tb__marker *n, enum tb__kind kind)
 {
 	atomic_store(&tb->regime, n->regime);
 	atomic_store(&tb->kind, kind);
-	atomic_store(&tb->next_hint, n->next);
 	/* Unlimited means full: INF takes nothing, so the bucket stays so. */
 	if (kind == TB__INF)
 		tb__credit(tb, UINT64_MAX, atomic_load(&tb->tail));
@@ -56,12 +55,11 @@ static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, 
 	atomic_init(&tb->head, burst);
 	atomic_init(&tb->ceil, burst);
 	atomic_init(&tb->clock, TB__NO_TIME);
-	atomic_init(&tb->next_hint, TOKENBUCKET_NEVER);
 	atomic_init(&tb->burst, burst);
 	atomic_init(&tb->threshold, 1);
 	atomic_init(&tb->kind, kind);
 	tb->flags = flags;
-	atomic_init(&tb->marker, ((struct tb__marker){ TB__NO_TIME, 0 }));
+	tb->marker = (struct tb__marker){ TB__NO_TIME, 0 }; /* not yet shared */
 	atomic_init(&tb->regime, 0);
 	for (int i = 0; i < 2; i++) {
 		atomic_init(&tb->slot[i].origin, TB__NO_TIME);
@@ -113,7 +111,7 @@ static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind,
 	struct tb__marker m, n;
 	for (;;) {
 		tb__produce(tb, at, 1);
-		m = atomic_load(&tb->marker);
+		m = tb__marker_load(tb);
 		int64_t seen = atomic_load(&tb->clock);
 		if (seen > at) {
 			at = seen;
@@ -125,7 +123,7 @@ static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind,
 			new.origin = tb__carry_origin(&old, &new, at);
 		n = (struct tb__marker){ tb__time_of(&new, at, 1), m.regime + 1 };
 		store_slot(&tb->slot[n.regime & 1], &new);
-		if (atomic_compare_exchange_strong(&tb->marker, &m, n))
+		if (tb__marker_cas(tb, &m, n))
 			break;
 	}
 	publish_regime(tb, &n, kind);
@@ -145,7 +143,7 @@ int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate)
 
 int tokenbucket_set_rate(struct tokenbucket *tb, double rate)
 {
-	return tokenbucket_set_rate_at(tb, tokenbucket_now(), rate);
+	return tokenbucket_set_rate_at(tb, tb__now(), rate);
 }
 
 int tokenbucket_set_rate_every_at(struct tokenbucket *tb, int64_t now, uint64_t tokens,
@@ -196,7 +194,7 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 
 int tokenbucket_set_burst(struct tokenbucket *tb, uint64_t burst)
 {
-	return tokenbucket_set_burst_at(tb, tokenbucket_now(), burst);
+	return tokenbucket_set_burst_at(tb, tb__now(), burst);
 }
 
 int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
@@ -212,14 +210,14 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 		return -EINVAL;
 	}
 	atomic_store(&tb->clock, now);
-	struct tb__marker m = atomic_load(&tb->marker), n;
+	struct tb__marker m = tb__marker_load(tb), n;
 	for (;;) {
 		struct tb__rate r;
 		tb__load_slot(&tb->slot[m.regime & 1], &r);
 		r.origin = now;
 		n = (struct tb__marker){ tb__time_of(&r, now, 1), m.regime + 1 };
 		store_slot(&tb->slot[n.regime & 1], &r);
-		if (atomic_compare_exchange_strong(&tb->marker, &m, n))
+		if (tb__marker_cas(tb, &m, n))
 			break;
 		/* m now holds the marker a concurrent claim left; retry from it. */
 	}

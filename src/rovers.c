@@ -22,18 +22,6 @@ void tb__load_slot(const struct tb__slot *s, struct tb__rate *r)
 		r->kind = TB__ZERO;
 }
 
-void tb__publish_hint(struct tokenbucket *tb, int64_t next, uint64_t regime)
-{
-	atomic_store(&tb->next_hint, next);
-	/*
-	 * A writer that switched regimes after our claim stores its own hint
-	 * after publishing the regime; if we might have overwritten it with a
-	 * value of the old regime, fall back to "always look" (TB__NO_TIME).
-	 */
-	if (atomic_load(&tb->regime) != regime)
-		atomic_store(&tb->next_hint, TB__NO_TIME);
-}
-
 /* The first caller that passes a time fixes the origin of regime 0. */
 static void fix_origin(struct tokenbucket *tb, int64_t now)
 {
@@ -44,16 +32,11 @@ static void fix_origin(struct tokenbucket *tb, int64_t now)
 	struct tb__rate r;
 	tb__load_slot(s, &r);
 	struct tb__marker m = { TB__NO_TIME, 0 };
-	struct tb__marker n = { tb__time_of(&r, now, 1), 0 };
-	if (atomic_compare_exchange_strong(&tb->marker, &m, n))
-		tb__publish_hint(tb, n.next, 0);
+	tb__marker_cas(tb, &m, (struct tb__marker){ tb__time_of(&r, now, 1), 0 });
 }
 
-int64_t tb__observe(struct tokenbucket *tb, int64_t now)
+int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen)
 {
-	if (now == TB__NO_TIME)
-		now = TB__NO_TIME + 1;
-	int64_t seen = atomic_load_explicit(&tb->clock, memory_order_relaxed);
 	while (now > seen) {
 		if (atomic_compare_exchange_weak(&tb->clock, &seen, now)) {
 			if (seen == TB__NO_TIME)
@@ -66,10 +49,8 @@ int64_t tb__observe(struct tokenbucket *tb, int64_t now)
 
 void tb__view(const struct tokenbucket *tb, struct tb__rate *r, struct tb__marker *m)
 {
-	/* libatomic's 16-byte load may be a CAS writing back what it read: hence the cast. */
-	struct tokenbucket *w = (struct tokenbucket *)tb;
 	for (;;) {
-		*m = atomic_load(&w->marker);
+		*m = tb__marker_load(tb);
 		tb__load_slot(&tb->slot[m->regime & 1], r);
 		/*
 		 * The slot of regime e is rewritten only for regime e + 2, after
@@ -110,8 +91,17 @@ uint64_t tb__credit(struct tokenbucket *tb, uint64_t k, uint64_t tail_before)
 
 uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold)
 {
+	/*
+	 * Seeded from two half-loads rather than a 16-byte load (which is itself
+	 * a locked CAS).  next is read again after regime: if it did not move,
+	 * the pair was the marker's value at the second read of next, so a
+	 * "nothing to claim" below is an answer about a real state.  A failed CAS
+	 * hands back the current marker, read atomically.
+	 */
+	struct tb__marker m = tb__marker_peek(tb);
+	while (m.next != tb__marker_next(tb))
+		m = tb__marker_peek(tb);
 	for (;;) {
-		struct tb__marker m = atomic_load(&tb->marker);
 		if (m.next == TB__NO_TIME || now < m.next)
 			return 0;
 		struct tb__rate r;
@@ -123,10 +113,9 @@ uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold)
 		/* A claim up to now must follow the clock's record of now (see set_rate). */
 		tb__observe(tb, now);
 		uint64_t tail = atomic_load(&tb->tail);
-		if (!atomic_compare_exchange_strong(&tb->marker, &m, n))
-			continue; /* another claim, or a new regime: look again */
+		if (!tb__marker_cas(tb, &m, n))
+			continue; /* another claim, or a new regime: look again from m */
 		tb__credit(tb, k, tail);
-		tb__publish_hint(tb, n.next, m.regime);
 		return k;
 	}
 }

@@ -44,7 +44,7 @@ void tokenbucket_replenish(struct tokenbucket *tb, int64_t now)
 		tb__observe(tb, now); /* the first time passed fixes the clock */
 		return;
 	}
-	if (now < atomic_load_explicit(&tb->next_hint, memory_order_relaxed))
+	if (now < tb__marker_next(tb))
 		return;
 	tb__produce(tb, now, atomic_load_explicit(&tb->threshold, memory_order_relaxed));
 }

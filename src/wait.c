@@ -15,9 +15,7 @@
 
 int64_t tokenbucket_now(void)
 {
-	struct timespec ts;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	return tb__now();
 }
 
 static struct timespec timespec_of(int64_t ns)
@@ -103,7 +101,7 @@ static int sleep_until_covered(struct tokenbucket *tb, struct tokenbucket_reserv
 		int err = sleep_until(r->time_to_act, cancel_fd);
 		if (err)
 			return give_back(tb, r, err);
-		int64_t now = tb__advance(tb, tokenbucket_now());
+		int64_t now = tb__advance(tb, tb__now());
 		uint64_t missing = tokenbucket_deficiency(tb, r->ticket);
 		if (missing == 0)
 			return 0;
@@ -130,7 +128,7 @@ int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline, int c
 		if (cancel)
 			return cancel < 0 ? cancel : -ECANCELED;
 	}
-	int64_t now = tokenbucket_now();
+	int64_t now = tb__now();
 	/* TOKENBUCKET_NEVER - 1 as the limit: a wait that never ends is refused. */
 	int64_t max_wait = deadline == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER - 1
 			   : deadline < now		  ? -1
