@@ -48,6 +48,21 @@ enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t 
 }
 
 /*
+ * Whether p tokens per q ns, in tokens per second, rounds to rate.  When
+ * p * 1e9 and q are below 2^53 both are exact doubles and one IEEE division
+ * rounds once, correctly.  Beyond that, long double (64-bit significand on
+ * x86-64) holds p * 1e9 < 2^94 rounded once more; the double rounding can
+ * only matter for a quotient within 2^-64 of a halfway point.
+ */
+static bool reads_back(uint64_t p, uint64_t q, double rate)
+{
+	const uint64_t exact = UINT64_C(1) << 53;
+	if (p < exact / 1000000000 && q < exact)
+		return (double)(p * 1000000000) / (double)q == rate;
+	return (double)((long double)p * 1e9L / (long double)q) == rate;
+}
+
+/*
  * A double rate in tokens per second becomes the simplest ratio p/q tokens
  * per ns that reads back as the same double: the first convergent of the
  * continued fraction of rate / 1e9 that rounds to it.  Rates slower than a
@@ -94,7 +109,7 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
 		if (h1 != 0) {
 			best_p = (uint64_t)h1;
 			best_q = (uint64_t)k1;
-			if ((double)((long double)best_p * 1e9L / (long double)best_q) == rate)
+			if (reads_back(best_p, best_q, rate))
 				break;
 		}
 		long double frac = y - a;

@@ -268,6 +268,22 @@ START_TEST(every_and_rates_read_back)
 }
 END_TEST
 
+/*
+ * every(n) is 1e9 / n rounded once; the ratio read back from it must be
+ * exactly one token per n ns.  A read-back that rounded twice took 1/28936
+ * for every(28935), among ten such n below 200000.
+ */
+START_TEST(every_reads_back_as_its_period)
+{
+	for (int64_t n = 1; n <= 200000; n++) {
+		struct tokenbucket *tb = bucket_rate(tokenbucket_every(n), 1, 0);
+		ck_assert_msg(tokenbucket_duration_for(tb, 1) == n, "every(%lld) became %lld ns",
+			      (long long)n, (long long)tokenbucket_duration_for(tb, 1));
+		tokenbucket_free(tb);
+	}
+}
+END_TEST
+
 START_TEST(new_bucket_is_full_until_time_passes)
 {
 	struct tokenbucket *tb = bucket_every(1, MS, 3, 0);
@@ -322,6 +338,7 @@ Suite *go_suite(void)
 	tcase_add_test(tc, set_burst_drops_or_keeps);
 	tcase_add_test(tc, tokens_are_fractional);
 	tcase_add_test(tc, every_and_rates_read_back);
+	tcase_add_test(tc, every_reads_back_as_its_period);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("inf-and-zero");
 	tcase_add_test(tc, infinite_rate_allows_everything);
