@@ -103,7 +103,8 @@ TOKENBUCKET_API void tokenbucket_free(struct tokenbucket *tb);
  * The bucket's clock becomes now (even if earlier) and it holds tokens;
  * debt and outstanding tickets are forgotten (all are covered).  With
  * TOKENBUCKET_CAPPED_RELEASE, the room for replenishment becomes
- * burst - tokens.  -EINVAL: tb NULL, tokens > burst.
+ * burst - tokens.  At rate TOKENBUCKET_INF the bucket stays full.
+ * -EINVAL: tb NULL, tokens > burst.
  */
 TOKENBUCKET_API int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens);
 

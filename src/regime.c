@@ -241,6 +241,9 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 	}
 	if (tb->flags & TOKENBUCKET_CAPPED_RELEASE)
 		atomic_store(&tb->ceil, atomic_load(&tb->tail) + burst);
+	/* Unlimited means full, whatever level was asked for (see publish_regime). */
+	if (tb__unlimited(tb))
+		tb__credit(tb, UINT64_MAX, atomic_load(&tb->tail));
 	pthread_mutex_unlock(&tb->writer);
 	return 0;
 }

@@ -228,6 +228,13 @@ START_TEST(infinite_rate_switches)
 	ck_assert_tokens(tokenbucket_tokens_at(tb, MS), 5);
 	ck_assert(tokenbucket_allow_at(tb, MS, 5));
 	ck_assert(!tokenbucket_allow_at(tb, MS, 1));
+	/* A reset while unlimited leaves it full, so the switch back starts full too. */
+	ck_assert_int_eq(tokenbucket_set_rate_at(tb, 2 * MS, TOKENBUCKET_INF), 0);
+	ck_assert_int_eq(tokenbucket_reset_at(tb, 3 * MS, 0), 0);
+	ck_assert_tokens(tokenbucket_tokens_at(tb, 3 * MS), 5);
+	ck_assert_int_eq(tokenbucket_set_rate_at(tb, 3 * MS, 1), 0);
+	ck_assert_tokens(tokenbucket_tokens_at(tb, 3 * MS), 5);
+	ck_assert(tokenbucket_allow_at(tb, 3 * MS, 5));
 	tokenbucket_free(tb);
 }
 END_TEST
