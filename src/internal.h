@@ -99,6 +99,11 @@ enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t 
 				   uint64_t *q);
 /* P(b) - P(a) for origin <= a <= b, saturating at UINT64_MAX. */
 uint64_t tb__produced(const struct tb__rate *r, int64_t a, int64_t b);
+/*
+ * tb__produced(r, a, b) and, in *next, tb__time_of(r, b, 1), with the fewest
+ * divisions: what a claim from a to b needs.
+ */
+uint64_t tb__claimable(const struct tb__rate *r, int64_t a, int64_t b, int64_t *next);
 /* The first time after the claimed point "at" when j more tokens are there. */
 int64_t tb__time_of(const struct tb__rate *r, int64_t at, uint64_t j);
 /* The fraction of a token produced at t beyond P(t), in [0, 1). */

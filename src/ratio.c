@@ -135,6 +135,34 @@ uint64_t tb__produced(const struct tb__rate *r, int64_t a, int64_t b)
 	return k > UINT64_MAX ? UINT64_MAX : (uint64_t)k;
 }
 
+/* x / d and x % d; one 64-bit division when x fits 64 bits (the usual case). */
+static u128 divmod(u128 x, uint64_t d, uint64_t *rem)
+{
+	if ((x >> 64) == 0) {
+		uint64_t lo = (uint64_t)x;
+		*rem = lo % d;
+		return lo / d;
+	}
+	u128 quot = x / d;
+	*rem = (uint64_t)(x - quot * d);
+	return quot;
+}
+
+uint64_t tb__claimable(const struct tb__rate *r, int64_t a, int64_t b, int64_t *next)
+{
+	if (r->kind != TB__FINITE || r->p == 0 || r->q == 0 || b <= a) {
+		*next = r->kind == TB__FINITE && r->p && r->q ? tb__time_of(r, b, 1) : TOKENBUCKET_NEVER;
+		return 0;
+	}
+	uint64_t rem_a, rem_b;
+	u128 k = divmod(fine_units(r, b), r->q, &rem_b) - divmod(fine_units(r, a), r->q, &rem_a);
+	/* As tb__time_of(r, b, 1): the fine units still missing, q - rem_b <= q, fit 64 bits. */
+	uint64_t need = r->q - rem_b;
+	uint64_t wait = r->p == 1 ? need : need / r->p + (need % r->p != 0);
+	*next = (uint64_t)wait >= span(TOKENBUCKET_NEVER, b) ? TOKENBUCKET_NEVER : b + (int64_t)wait;
+	return k > UINT64_MAX ? UINT64_MAX : (uint64_t)k;
+}
+
 int64_t tb__time_of(const struct tb__rate *r, int64_t at, uint64_t j)
 {
 	if (r->kind != TB__FINITE || r->p == 0 || r->q == 0)

@@ -106,10 +106,10 @@ uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold)
 			return 0;
 		struct tb__rate r;
 		tb__load_slot(&tb->slot[m.regime & 1], &r);
-		uint64_t k = tb__produced(&r, m.next - 1, now);
+		struct tb__marker n = { .regime = m.regime };
+		uint64_t k = tb__claimable(&r, m.next - 1, now, &n.next);
 		if (k == 0 || k < threshold)
 			return 0;
-		struct tb__marker n = { tb__time_of(&r, now, 1), m.regime };
 		/* A claim up to now must follow the clock's record of now (see set_rate). */
 		tb__observe(tb, now);
 		uint64_t tail = atomic_load(&tb->tail);
