@@ -1,0 +1,670 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tokenbucket-bench: what each call costs, next to the floors it is built
+ * from (a clock read, one compare-and-swap), measured in one process.
+ *
+ * Each metric is calibrated once to a loop lasting about --ms milliseconds.
+ * Then every repetition runs one such loop of every metric, round-robin, so
+ * that frequency or load drift hits all metrics alike.  Multi-threaded
+ * metrics start their threads behind a barrier and count the wall time from
+ * the first thread's start to the last one's end, divided by the operations
+ * of one thread.
+ *
+ * --merge reads --tsv lines of several runs (of this program or of the Go
+ * peer, which shares the metric names) and prints them as one.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+#include <tokenbucket.h>
+
+/* Only for the size of the state and of its hot line. */
+#include "../src/internal.h"
+
+#define T0 INT64_C(1000000000) /* the first "now" of the _at loops */
+#define MAX_THREADS 4
+
+/* Results are summed into this so that no call can be dropped. */
+static volatile uint64_t sink;
+
+/* With --pin, thread i runs on cpus[i % ncpus]; without, the scheduler places threads. */
+static int cpus[CPU_SETSIZE];
+static int ncpus;
+
+/* The word of the compare-and-swap floors, alone on its cache line; w2 shares it. */
+static struct {
+	alignas(64) _Atomic uint64_t v;
+	_Atomic uint64_t w2;
+} word;
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void die(const char *what, int err)
+{
+	fprintf(stderr, "tokenbucket-bench: %s: %s\n", what, strerror(err < 0 ? -err : err));
+	exit(1);
+}
+
+/* ---- The loops ----------------------------------------------------------- */
+
+/* What one timed loop works on; thread i uses tb[i & 1]. */
+struct ctx {
+	struct tokenbucket *tb[2];
+	uint64_t ticket;
+};
+
+static struct tokenbucket *bucket(double rate, uint64_t burst)
+{
+	struct tokenbucket *tb;
+	int err = tokenbucket_create(&tb, rate, burst, 0);
+	if (err)
+		die("tokenbucket_create", err);
+	return tb;
+}
+
+static uint64_t loop_clock(struct ctx *c, int id, uint64_t n)
+{
+	(void)c, (void)id;
+	uint64_t sum = 0;
+	for (uint64_t i = 0; i < n; i++) {
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		sum += (uint64_t)ts.tv_nsec;
+	}
+	return sum;
+}
+
+/* The library's take: a relaxed load seeds the CAS, which retries on failure. */
+static uint64_t loop_cas(struct ctx *c, int id, uint64_t n)
+{
+	(void)c, (void)id;
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t v = atomic_load_explicit(&word.v, memory_order_relaxed);
+		while (!atomic_compare_exchange_strong(&word.v, &v, v + 1))
+			;
+	}
+	return 0;
+}
+
+/*
+ * Two CASes on two words of one line: what a take writes by contract (it
+ * records the time in the clock, then moves the tail), without the rest.
+ */
+static uint64_t loop_cas2(struct ctx *c, int id, uint64_t n)
+{
+	(void)c, (void)id;
+	for (uint64_t i = 0; i < n; i++) {
+		uint64_t v = atomic_load_explicit(&word.w2, memory_order_relaxed);
+		while (!atomic_compare_exchange_strong(&word.w2, &v, v + 1))
+			;
+		v = atomic_load_explicit(&word.v, memory_order_relaxed);
+		while (!atomic_compare_exchange_strong(&word.v, &v, v + 1))
+			;
+	}
+	return 0;
+}
+
+static uint64_t loop_fetch_add(struct ctx *c, int id, uint64_t n)
+{
+	(void)c, (void)id;
+	uint64_t sum = 0;
+	for (uint64_t i = 0; i < n; i++)
+		sum += atomic_fetch_add(&word.v, 1);
+	return sum;
+}
+
+static uint64_t loop_allow(struct ctx *c, int id, uint64_t n)
+{
+	struct tokenbucket *tb = c->tb[id & 1];
+	uint64_t sum = 0;
+	for (uint64_t i = 0; i < n; i++)
+		sum += tokenbucket_allow(tb, 1);
+	return sum;
+}
+
+static uint64_t loop_allow_at(struct ctx *c, int id, uint64_t n)
+{
+	struct tokenbucket *tb = c->tb[id & 1];
+	uint64_t sum = 0;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++)
+		sum += tokenbucket_allow_at(tb, t++, 1);
+	return sum;
+}
+
+static uint64_t loop_grab(struct ctx *c, int id, uint64_t n)
+{
+	struct tokenbucket *tb = c->tb[id & 1];
+	uint64_t sum = 0;
+	for (uint64_t i = 0; i < n; i++)
+		sum += tokenbucket_grab(tb, 1);
+	return sum;
+}
+
+static uint64_t loop_deficiency(struct ctx *c, int id, uint64_t n)
+{
+	struct tokenbucket *tb = c->tb[id & 1];
+	uint64_t sum = 0;
+	for (uint64_t i = 0; i < n; i++)
+		sum += tokenbucket_deficiency(tb, c->ticket);
+	return sum;
+}
+
+/* Returns the tokens credited, which must be one per call. */
+static uint64_t loop_replenish(struct ctx *c, int id, uint64_t n)
+{
+	struct tokenbucket *tb = c->tb[id & 1];
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++) {
+		t += 1000;
+		tokenbucket_replenish(tb, t);
+	}
+	return (uint64_t)tokenbucket_tokens_at(tb, t);
+}
+
+static uint64_t loop_reserve_cancel(struct ctx *c, int id, uint64_t n)
+{
+	struct tokenbucket *tb = c->tb[id & 1];
+	struct tokenbucket_reservation r = { 0 };
+	uint64_t sum = 0;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++, t++) {
+		sum += tokenbucket_reserve_at(tb, t, 1, TOKENBUCKET_NEVER, &r) == 0;
+		tokenbucket_cancel_at(tb, &r, t);
+	}
+	return sum;
+}
+
+/* ---- The buckets --------------------------------------------------------- */
+
+/* Rate 1/s and a burst that never empties: every call takes, none claims. */
+static void setup_full(struct ctx *c)
+{
+	c->tb[0] = c->tb[1] = bucket(1, TOKENBUCKET_BURST_MAX);
+}
+
+/* As setup_full, one bucket per thread (two allocations). */
+static void setup_full_2b(struct ctx *c)
+{
+	c->tb[0] = bucket(1, TOKENBUCKET_BURST_MAX);
+	c->tb[1] = bucket(1, TOKENBUCKET_BURST_MAX);
+}
+
+/* A token every ns: every call with "now" 1 ns later claims one. */
+static void setup_claim(struct ctx *c)
+{
+	int err = tokenbucket_create_every(&c->tb[0], 1, 1, 1000, 0);
+	if (err)
+		die("tokenbucket_create_every", err);
+	c->tb[1] = c->tb[0];
+}
+
+/* Empty, and the next token a second away: every call is refused. */
+static void setup_empty(struct ctx *c)
+{
+	c->tb[0] = c->tb[1] = bucket(1, 1);
+	if (!tokenbucket_allow_at(c->tb[0], T0 - 1, 1))
+		die("draining a bucket", EPROTO);
+}
+
+static void setup_deny(struct ctx *c)
+{
+	c->tb[0] = c->tb[1] = bucket(1, 1);
+	if (!tokenbucket_allow(c->tb[0], 1))
+		die("draining a bucket", EPROTO);
+}
+
+static void setup_ticket(struct ctx *c)
+{
+	setup_full(c);
+	c->ticket = tokenbucket_grab(c->tb[0], 1);
+}
+
+/* A token every 1000 ns, starting empty so that every credit fits under burst. */
+static void setup_replenish(struct ctx *c)
+{
+	c->tb[0] = c->tb[1] = bucket(1e6, TOKENBUCKET_BURST_MAX);
+	int err = tokenbucket_reset_at(c->tb[0], T0, 0);
+	if (err)
+		die("tokenbucket_reset_at", err);
+}
+
+/* ---- The metrics --------------------------------------------------------- */
+
+enum expect {
+	ANY,  /* the loop's sum means nothing */
+	ALL,  /* it is the number of calls: each took its path */
+	NONE, /* it is 0 */
+};
+
+struct metric {
+	const char *name;
+	const char *floor; /* the metric that bounds this one from below */
+	int threads;       /* 0: run in the main thread */
+	void (*setup)(struct ctx *c);
+	uint64_t (*loop)(struct ctx *c, int id, uint64_t n); /* NULL: computed */
+	enum expect expect;
+
+	bool on;
+	bool warned;
+	uint64_t n;      /* iterations per loop (per thread), from calibration */
+	double *samples; /* ns per op, one per repetition (per round with --merge) */
+	size_t count;
+	double med, min, max;
+};
+
+#define METRIC(name_, floor_, threads_, setup_, loop_, expect_)                           \
+	{ .name = name_, .floor = floor_, .threads = threads_, .setup = setup_, .loop = loop_, \
+	  .expect = expect_ }
+
+static struct metric metrics[] = {
+	METRIC("clock", NULL, 0, NULL, loop_clock, ANY),
+	METRIC("cas", NULL, 0, NULL, loop_cas, ANY),
+	METRIC("fetch_add", NULL, 0, NULL, loop_fetch_add, ANY),
+	METRIC("cas_2t", NULL, 2, NULL, loop_cas, ANY),
+	METRIC("cas_4t", NULL, 4, NULL, loop_cas, ANY),
+	METRIC("cas2", NULL, 0, NULL, loop_cas2, ANY),
+	METRIC("cas2_2t", NULL, 2, NULL, loop_cas2, ANY),
+	METRIC("clock_cas", NULL, 0, NULL, NULL, ANY),
+	METRIC("allow", "clock_cas", 0, setup_full, loop_allow, ALL),
+	METRIC("allow_at", "cas", 0, setup_full, loop_allow_at, ALL),
+	METRIC("allow_at_claim", "cas", 0, setup_claim, loop_allow_at, ALL),
+	METRIC("deny", "clock_cas", 0, setup_deny, loop_allow, NONE),
+	METRIC("deny_at", "cas", 0, setup_empty, loop_allow_at, NONE),
+	METRIC("grab", "cas", 0, setup_full, loop_grab, ANY),
+	METRIC("deficiency", "cas", 0, setup_ticket, loop_deficiency, NONE),
+	METRIC("replenish", "cas", 0, setup_replenish, loop_replenish, ALL),
+	METRIC("reserve_cancel", "cas", 0, setup_full, loop_reserve_cancel, ALL),
+	METRIC("allow_2t", "cas_2t", 2, setup_full, loop_allow, ALL),
+	METRIC("allow_4t", "cas_4t", 4, setup_full, loop_allow, ALL),
+	METRIC("grab_2t", "cas_2t", 2, setup_full, loop_grab, ANY),
+	METRIC("grab_4t", "cas_4t", 4, setup_full, loop_grab, ANY),
+	METRIC("allow_at_2b", "allow_at", 2, setup_full_2b, loop_allow_at, ALL),
+	METRIC("allow_at_shared", "cas_2t", 2, setup_full, loop_allow_at, ALL),
+};
+#define NMETRICS (sizeof(metrics) / sizeof(metrics[0]))
+
+static struct metric *find(const char *name)
+{
+	for (size_t i = 0; i < NMETRICS; i++)
+		if (strcmp(metrics[i].name, name) == 0)
+			return &metrics[i];
+	return NULL;
+}
+
+/* ---- Timing -------------------------------------------------------------- */
+
+/* Aligned so that the start and end stamps of two threads never share a line. */
+struct worker {
+	alignas(64) pthread_t thread;
+	struct metric *m;
+	struct ctx *c;
+	pthread_barrier_t *barrier;
+	int id;
+	uint64_t n, sum;
+	int64_t start, end;
+};
+
+static void *work(void *arg)
+{
+	struct worker *w = arg;
+	if (ncpus) {
+		cpu_set_t set;
+		CPU_ZERO(&set);
+		CPU_SET(cpus[w->id % ncpus], &set);
+		int err = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+		if (err)
+			die("pthread_setaffinity_np", err);
+	}
+	pthread_barrier_wait(w->barrier);
+	w->start = now_ns();
+	w->sum = w->m->loop(w->c, w->id, w->n);
+	w->end = now_ns();
+	return NULL;
+}
+
+/* One timed loop of n iterations (in each thread) on fresh state; its wall time in ns. */
+static double run(struct metric *m, uint64_t n)
+{
+	struct ctx c = { { NULL, NULL }, 0 };
+	if (m->setup)
+		m->setup(&c);
+	int64_t start, end;
+	uint64_t sum = 0;
+	if (m->threads == 0) {
+		start = now_ns();
+		sum = m->loop(&c, 0, n);
+		end = now_ns();
+	} else {
+		struct worker w[MAX_THREADS];
+		pthread_barrier_t barrier;
+		int err = pthread_barrier_init(&barrier, NULL, (unsigned)m->threads);
+		if (err)
+			die("pthread_barrier_init", err);
+		for (int i = 0; i < m->threads; i++) {
+			w[i] = (struct worker){ .m = m, .c = &c, .barrier = &barrier, .id = i, .n = n };
+			err = pthread_create(&w[i].thread, NULL, work, &w[i]);
+			if (err)
+				die("pthread_create", err);
+		}
+		start = INT64_MAX;
+		end = INT64_MIN;
+		for (int i = 0; i < m->threads; i++) {
+			pthread_join(w[i].thread, NULL);
+			start = w[i].start < start ? w[i].start : start;
+			end = w[i].end > end ? w[i].end : end;
+			sum += w[i].sum;
+		}
+		pthread_barrier_destroy(&barrier);
+	}
+	uint64_t calls = n * (uint64_t)(m->threads ? m->threads : 1);
+	if (!m->warned && ((m->expect == ALL && sum != calls) || (m->expect == NONE && sum != 0))) {
+		fprintf(stderr, "tokenbucket-bench: warning: %s: %llu of %llu calls did not take "
+			"the path measured\n", m->name,
+			(unsigned long long)(m->expect == ALL ? calls - sum : sum),
+			(unsigned long long)calls);
+		m->warned = true;
+	}
+	sink += sum;
+	if (c.tb[1] != c.tb[0])
+		tokenbucket_free(c.tb[1]);
+	tokenbucket_free(c.tb[0]);
+	return (double)(end - start);
+}
+
+/* Iterations for a loop of target_ns; the first loops double as warm-up. */
+static uint64_t calibrate(struct metric *m, double target_ns)
+{
+	uint64_t n = 256;
+	for (;;) {
+		double t = run(m, n);
+		if (t >= target_ns / 4 || n >= UINT64_C(1) << 40) {
+			double scaled = (double)n * target_ns / (t > 0 ? t : 1);
+			return scaled < 1 ? 1 : (uint64_t)scaled;
+		}
+		n *= t < target_ns / 64 ? 16 : 4;
+	}
+}
+
+/* ---- Statistics and output ----------------------------------------------- */
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return (x > y) - (x < y);
+}
+
+static double median(double *v, size_t n)
+{
+	qsort(v, n, sizeof(*v), cmp_double);
+	return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+static void add_sample(struct metric *m, double v)
+{
+	double *s = realloc(m->samples, (m->count + 1) * sizeof(*s));
+	if (s == NULL)
+		die("realloc", ENOMEM);
+	m->samples = s;
+	m->samples[m->count++] = v;
+}
+
+/* clock_cas is a sum of two medians, not a measurement: it is what allow can hope for. */
+static void compute_clock_cas(void)
+{
+	struct metric *cc = find("clock_cas"), *clk = find("clock"), *cas = find("cas");
+	cc->count = 0;
+	if (!clk->count || !cas->count)
+		return;
+	cc->count = 1;
+	cc->med = clk->med + cas->med;
+	cc->min = clk->min + cas->min;
+	cc->max = clk->max + cas->max;
+}
+
+static const struct metric *floor_of(const struct metric *m)
+{
+	const struct metric *f = m->floor ? find(m->floor) : NULL;
+	return f && f->count ? f : NULL;
+}
+
+static void print_ratio(const char *a, const char *b, const char *why)
+{
+	const struct metric *x = find(a), *y = find(b);
+	if (x->count && y->count)
+		printf("  %s / %s = %.2f  (%s)\n", a, b, x->med / y->med, why);
+}
+
+static void print_bucket(void)
+{
+	printf("bucket: sizeof(struct tokenbucket) = %zu bytes; hot part: offset 0, %zu bytes "
+	       "(the fields before marker)", sizeof(struct tokenbucket),
+	       offsetof(struct tokenbucket, marker));
+#if defined(__GLIBC__)
+	struct tokenbucket *tb = bucket(1, 1);
+	printf("; malloc_usable_size = %zu", malloc_usable_size(tb));
+	tokenbucket_free(tb);
+#endif
+	printf("\n");
+}
+
+static void print_table(const char *what)
+{
+	printf("libtokenbucket %s, %s\n", tokenbucket_version_string(), what);
+	printf("ns per operation; spread = (max - min) / median; ratio = median / floor's median\n\n");
+	printf("%-16s| %10s | %9s | %9s | %7s | %-10s| %6s\n", "metric", "median ns", "min", "max",
+	       "spread", "floor", "ratio");
+	printf("----------------+------------+-----------+-----------+---------+-----------+-------\n");
+	for (size_t i = 0; i < NMETRICS; i++) {
+		const struct metric *m = &metrics[i];
+		if (!m->count)
+			continue;
+		printf("%-16s| %10.2f | %9.2f | %9.2f | %6.1f%% |", m->name, m->med, m->min, m->max,
+		       100 * (m->max - m->min) / m->med);
+		const struct metric *f = floor_of(m);
+		if (f)
+			printf(" %-10s| %6.2f\n", f->name, m->med / f->med);
+		else
+			printf(" %-10s| %6s\n", m->loop ? "" : "(sum)", "");
+	}
+	printf("\n");
+	print_ratio("deny", "allow", "a refusal should cost no more than a take");
+	print_ratio("deny_at", "allow_at", "the same without the clock");
+	print_ratio("allow_at", "cas2", "a take writes two words: the clock, then the tail");
+	print_ratio("allow_2t", "cas2_2t", "the same two writes from two threads");
+	print_ratio("allow_at_2b", "allow_at", "about 1: no false sharing between buckets");
+	print_ratio("allow_at_shared", "allow_at_2b", "the cost of sharing one bucket");
+	print_bucket();
+}
+
+static void print_tsv(void)
+{
+	for (size_t i = 0; i < NMETRICS; i++) {
+		const struct metric *m = &metrics[i];
+		if (m->count)
+			printf("%s\t%.3f\t%.3f\t%.3f\n", m->name, m->med, m->min, m->max);
+	}
+}
+
+/* Rounds of --tsv lines on stdin: median of the medians, min of the mins, max of the maxes. */
+static int merge(const char *filter)
+{
+	char line[256];
+	size_t rounds = 0;
+	while (fgets(line, sizeof(line), stdin)) {
+		char name[64];
+		double med, min, max;
+		if (line[0] == '#' || sscanf(line, "%63s %lf %lf %lf", name, &med, &min, &max) != 4)
+			continue;
+		struct metric *m = find(name);
+		if (m == NULL) {
+			fprintf(stderr, "tokenbucket-bench: unknown metric %s\n", name);
+			continue;
+		}
+		if (!m->loop || (filter && !strstr(name, filter)))
+			continue;
+		m->min = m->count == 0 || min < m->min ? min : m->min;
+		m->max = m->count == 0 || max > m->max ? max : m->max;
+		add_sample(m, med);
+		rounds = m->count > rounds ? m->count : rounds;
+	}
+	for (size_t i = 0; i < NMETRICS; i++)
+		if (metrics[i].count)
+			metrics[i].med = median(metrics[i].samples, metrics[i].count);
+	return (int)rounds;
+}
+
+static void pin_threads(void)
+{
+	cpu_set_t set;
+	if (sched_getaffinity(0, sizeof(set), &set))
+		die("sched_getaffinity", errno);
+	for (int cpu = 0; cpu < CPU_SETSIZE; cpu++)
+		if (CPU_ISSET(cpu, &set))
+			cpus[ncpus++] = cpu;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: tokenbucket-bench [-r N] [--ms MS] [--filter SUBSTR] [--tsv] [--pin]\n"
+		   "       tokenbucket-bench --merge [--tsv] < runs.tsv\n"
+		   "  -r N             repetitions per metric (default 11)\n"
+		   "  --ms MS          length of one repetition in milliseconds (default 20)\n"
+		   "  --filter SUBSTR  only the metrics whose name contains SUBSTR\n"
+		   "  --tsv            print metric<TAB>median<TAB>min<TAB>max lines\n"
+		   "  --pin            pin thread i of a multi-threaded metric to the i-th CPU allowed\n"
+		   "  --merge          read --tsv lines of several runs on stdin and print them as one\n");
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option options[] = {
+		{ "ms", required_argument, NULL, 'm' },
+		{ "filter", required_argument, NULL, 'f' },
+		{ "tsv", no_argument, NULL, 't' },
+		{ "merge", no_argument, NULL, 'M' },
+		{ "pin", no_argument, NULL, 'p' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	long reps = 11;
+	double ms = 20;
+	const char *filter = NULL;
+	bool tsv = false, merging = false;
+	int opt;
+	while ((opt = getopt_long(argc, argv, "r:h", options, NULL)) != -1) {
+		char *end;
+		switch (opt) {
+		case 'r':
+			reps = strtol(optarg, &end, 10);
+			if (*end || reps < 1 || reps > 100000) {
+				fprintf(stderr, "tokenbucket-bench: -r wants a count from 1\n");
+				return 2;
+			}
+			break;
+		case 'm':
+			ms = strtod(optarg, &end);
+			if (*end || !(ms > 0 && ms < 1e6)) {
+				fprintf(stderr, "tokenbucket-bench: --ms wants a positive number\n");
+				return 2;
+			}
+			break;
+		case 'f':
+			filter = optarg;
+			break;
+		case 't':
+			tsv = true;
+			break;
+		case 'M':
+			merging = true;
+			break;
+		case 'p':
+			pin_threads();
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind < argc) {
+		usage(stderr);
+		return 2;
+	}
+
+	if (merging) {
+		int rounds = merge(filter);
+		compute_clock_cas();
+		if (tsv) {
+			print_tsv();
+		} else {
+			char what[128];
+			snprintf(what, sizeof(what), "%d round%s: median of the round medians, "
+				 "min and max over all repetitions", rounds, rounds == 1 ? "" : "s");
+			print_table(what);
+		}
+		return 0;
+	}
+
+	size_t on = 0;
+	for (size_t i = 0; i < NMETRICS; i++) {
+		struct metric *m = &metrics[i];
+		m->on = m->loop && (!filter || strstr(m->name, filter));
+		on += m->on;
+	}
+	if (!on) {
+		fprintf(stderr, "tokenbucket-bench: no metric matches \"%s\"\n", filter);
+		return 2;
+	}
+	for (size_t i = 0; i < NMETRICS; i++)
+		if (metrics[i].on)
+			metrics[i].n = calibrate(&metrics[i], ms * 1e6);
+	/* Round-robin: repetition r of every metric before repetition r + 1 of any. */
+	for (long r = 0; r < reps; r++)
+		for (size_t i = 0; i < NMETRICS; i++)
+			if (metrics[i].on)
+				add_sample(&metrics[i], run(&metrics[i], metrics[i].n) /
+								(double)metrics[i].n);
+	for (size_t i = 0; i < NMETRICS; i++) {
+		struct metric *m = &metrics[i];
+		if (!m->count)
+			continue;
+		m->min = m->max = m->samples[0];
+		for (size_t k = 1; k < m->count; k++) {
+			m->min = m->samples[k] < m->min ? m->samples[k] : m->min;
+			m->max = m->samples[k] > m->max ? m->samples[k] : m->max;
+		}
+		m->med = median(m->samples, m->count);
+	}
+	compute_clock_cas();
+	if (tsv) {
+		print_tsv();
+	} else {
+		char what[128];
+		snprintf(what, sizeof(what), "%ld repetitions of ~%g ms per metric, interleaved",
+			 reps, ms);
+		print_table(what);
+	}
+	return 0;
+}
