@@ -207,10 +207,13 @@ TOKENBUCKET_API void tokenbucket_cancel_at(struct tokenbucket *tb,
  * cancel, or is -1.  Signals do not end the wait.  A wait that fails takes
  * nothing: a reservation it made is given back whole.
  * 0: the tokens are taken.  -EINVAL: tb NULL.  -E2BIG: n > burst (finite
- * rate).  -EBADF: cancel_fd is not an open descriptor (closing it while
- * another thread waits on it is no way to cancel: it is noticed, if at all,
- * only when a sleep ends).  -ECANCELED: cancel_fd readable or hung up, on
- * entry or while sleeping.  -ETIMEDOUT: the tokens would not be
+ * rate).  -EBADF: cancel_fd is not an open descriptor, on entry or while
+ * sleeping: the call sleeps in slices of at most 50 ms, so a cancel_fd
+ * closed while it sleeps is noticed within one slice (unless the tokens are
+ * there first), and the reservation is given back.  A descriptor number
+ * that another open() reuses meanwhile cannot be told apart: the call
+ * watches the new file instead.  -ECANCELED: cancel_fd readable or hung up,
+ * on entry or while sleeping.  -ETIMEDOUT: the tokens would not be
  * there by the deadline (never, with rate 0); nothing is taken.  -EOVERFLOW:
  * as for tokenbucket_reserve.  Other negative errno values from poll(2).
  * The wait lasts until the tokens are really there: if a rate change, or ceil

@@ -39,11 +39,18 @@ static int cancel_requested(int fd)
 }
 
 /*
+ * The longest one ppoll sleeps.  Closing a descriptor does not wake a ppoll
+ * that watches it, but the next ppoll reports it (POLLNVAL): sleeping in
+ * slices notices a closed cancel descriptor within one slice.
+ */
+#define CANCEL_SLICE_NS 50000000
+
+/*
  * Sleeps until target_ns: 0, or a negative errno (-ECANCELED, -EBADF, or
  * what the sleep itself failed with).  Without a descriptor, clock_nanosleep
- * with TIMER_ABSTIME; with one, ppoll with the time left, recomputed from the
- * absolute target after every wake-up so that signals neither shorten nor
- * lengthen the wait.
+ * with TIMER_ABSTIME; with one, ppoll with the time left but at most
+ * CANCEL_SLICE_NS, recomputed from the absolute target after every wake-up
+ * so that neither signals nor slices shorten or lengthen the wait.
  */
 static int sleep_until(int64_t target_ns, int cancel_fd)
 {
@@ -60,6 +67,8 @@ static int sleep_until(int64_t target_ns, int cancel_fd)
 		if (!timespeccmp(&now, &target, <))
 			return 0;
 		timespecsub(&target, &now, &left);
+		if (left.tv_sec > 0 || left.tv_nsec > CANCEL_SLICE_NS)
+			left = timespec_of(CANCEL_SLICE_NS);
 		struct pollfd pfd = { .fd = cancel_fd, .events = POLLIN };
 		int ready = ppoll(&pfd, 1, &left, NULL);
 		if (ready == 0 || (ready < 0 && errno == EINTR))
@@ -71,8 +80,8 @@ static int sleep_until(int64_t target_ns, int cancel_fd)
 }
 
 /* A wait that fails takes nothing: the whole reservation goes back, even
- * when the failure is noticed after time_to_act (a closed descriptor does
- * not wake ppoll, so it is seen only when the sleep ends). */
+ * when the failure is noticed after time_to_act (while it sleeps on for
+ * tokens that a rate change or ceil held back). */
 static int give_back(struct tokenbucket *tb, struct tokenbucket_reservation *r, int err)
 {
 	tb__give_back(tb, r->tokens);

@@ -6,6 +6,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,6 +14,14 @@
 #include "check_tb.h"
 
 #define MARGIN (5 * SEC)
+
+/* "Not late": 250 ms, scaled like Check's timeouts for slow (sanitizer, valgrind) runs. */
+static int64_t late(void)
+{
+	const char *env = getenv("CK_TIMEOUT_MULTIPLIER");
+	double k = env ? atof(env) : 1;
+	return (int64_t)(250 * MS * (k > 1 ? k : 1));
+}
 
 static void sleep_ns(int64_t ns)
 {
@@ -250,13 +259,14 @@ struct storm {
 	atomic_int sent;
 };
 
+/* SIGUSR1 to the waiting thread every 100 us or so. */
 static void *signal_storm(void *arg)
 {
 	struct storm *s = arg;
 	while (!atomic_load(&s->stop)) {
 		pthread_kill(s->target, SIGUSR1);
 		atomic_fetch_add(&s->sent, 1);
-		sleep_ns(200 * US);
+		sleep_ns(100 * US);
 	}
 	return NULL;
 }
@@ -279,7 +289,11 @@ static void check_signal_storm(bool with_fd)
 	ck_assert_int_eq(err, 0);
 	ck_assert_int_gt(atomic_load(&s.sent), 10);
 	ck_assert_int_ge(took, 200 * MS); /* not early */
-	ck_assert_int_lt(took, 200 * MS + MARGIN); /* not stuck */
+	ck_assert_int_lt(took, 200 * MS + late()); /* not late */
+	/* Both tokens taken, and no more: the bucket holds only what came since. */
+	double tokens = tokenbucket_tokens(tb);
+	double produced = (double)(tokenbucket_now() - start) / (double)(100 * MS);
+	ck_assert_double_le(tokens, produced - 2 + 1e-9);
 	if (efd >= 0)
 		close(efd);
 	tokenbucket_free(tb);
@@ -294,6 +308,115 @@ END_TEST
 START_TEST(signals_do_not_end_the_wait_with_a_cancel_fd)
 {
 	check_signal_storm(true);
+}
+END_TEST
+
+/*
+ * Faults while waiting: the cancel descriptor closed, or its pipe hung up,
+ * while the call sleeps towards a time_to_act 1000 s away.  The wait ends
+ * within a slice of the sleep (50 ms) plus a margin, with the documented
+ * error, and gives its reservation back: the bucket holds its 2 tokens again.
+ */
+enum fault { CLOSE_EVENTFD, CLOSE_PIPE_READ_END, HANG_UP_PIPE };
+
+struct closer {
+	int fd;
+	int64_t after;
+	int64_t done; /* tokenbucket_now() once closed */
+};
+
+static void *close_later(void *arg)
+{
+	struct closer *c = arg;
+	sleep_ns(c->after);
+	ck_assert_int_eq(close(c->fd), 0);
+	c->done = tokenbucket_now();
+	return NULL;
+}
+
+static void check_fault_mid_wait(enum fault fault, int want)
+{
+	int64_t start = tokenbucket_now();
+	struct tokenbucket *tb = bucket_empty_at(1, 1000 * SEC, 5, 0, start);
+	ck_assert_int_eq(tokenbucket_reset_at(tb, start, 2), 0);
+	int fds[2] = { -1, -1 }, wait_fd;
+	struct closer c = { .after = 50 * MS };
+	if (fault == CLOSE_EVENTFD) {
+		wait_fd = c.fd = eventfd(0, EFD_CLOEXEC);
+		ck_assert_int_ge(wait_fd, 0);
+	} else {
+		ck_assert_int_eq(pipe(fds), 0);
+		wait_fd = fds[0];
+		c.fd = fault == HANG_UP_PIPE ? fds[1] : fds[0];
+	}
+	pthread_t t;
+	ck_assert_int_eq(pthread_create(&t, NULL, close_later, &c), 0);
+	int err = tokenbucket_wait(tb, 3, TOKENBUCKET_NEVER, wait_fd);
+	int64_t end = tokenbucket_now();
+	pthread_join(t, NULL);
+	ck_assert_int_eq(err, want);
+	ck_assert_int_ge(end - start, 50 * MS); /* not before the fault */
+	ck_assert_int_lt(end - c.done, 50 * MS + late()); /* promptly after it */
+	/* The reservation came back whole: 2 tokens and what 1000 s make in 0.1. */
+	double tokens = tokenbucket_tokens(tb);
+	ck_assert_double_ge(tokens, 2);
+	ck_assert_double_lt(tokens, 2.001);
+	ck_assert(tokenbucket_allow(tb, 2));
+	ck_assert(!tokenbucket_allow(tb, 1));
+	if (fault == HANG_UP_PIPE)
+		close(fds[0]);
+	else if (fault == CLOSE_PIPE_READ_END)
+		close(fds[1]);
+	tokenbucket_free(tb);
+}
+
+START_TEST(eventfd_closed_mid_wait)
+{
+	check_fault_mid_wait(CLOSE_EVENTFD, -EBADF);
+}
+END_TEST
+
+START_TEST(pipe_closed_mid_wait)
+{
+	check_fault_mid_wait(CLOSE_PIPE_READ_END, -EBADF);
+}
+END_TEST
+
+START_TEST(pipe_hung_up_mid_wait_gives_back)
+{
+	check_fault_mid_wait(HANG_UP_PIPE, -ECANCELED);
+}
+END_TEST
+
+/*
+ * A deadline already past: an answer at once and nothing taken.  At a finite
+ * rate it is -ETIMEDOUT, tokens there or not; at an unlimited rate the rate
+ * wins and it is 0 (tokenbucket_wait(3), NOTES).
+ */
+START_TEST(past_deadline_returns_at_once)
+{
+	static const int64_t past[] = { INT64_MIN, -1, 0 };
+	for (int i = 0; i < 3; i++) {
+		int64_t start;
+		struct tokenbucket *tb = empty_bucket(10 * SEC, 5, &start);
+		int64_t t0 = tokenbucket_now();
+		ck_assert_int_eq(tokenbucket_wait(tb, 1, past[i], -1), -ETIMEDOUT);
+		ck_assert_int_eq(tokenbucket_wait(tb, 0, past[i], -1), -ETIMEDOUT);
+		ck_assert_int_eq(tokenbucket_reset_at(tb, tokenbucket_now(), 5), 0);
+		ck_assert_int_eq(tokenbucket_wait(tb, 1, past[i], -1), -ETIMEDOUT);
+		ck_assert_int_eq(tokenbucket_wait(tb, 1, tokenbucket_now() - 1, -1), -ETIMEDOUT);
+		ck_assert_int_lt(tokenbucket_now() - t0, late());
+		ck_assert_double_ge(tokenbucket_tokens(tb), 5); /* nothing taken */
+		tokenbucket_free(tb);
+
+		tb = bucket_rate(TOKENBUCKET_INF, 5, 0);
+		t0 = tokenbucket_now();
+		ck_assert_int_eq(tokenbucket_wait(tb, 1, past[i], -1), 0);
+		ck_assert_int_eq(tokenbucket_wait(tb, UINT64_MAX, past[i], -1), 0);
+		ck_assert_int_lt(tokenbucket_now() - t0, late());
+		ck_assert_tokens(tokenbucket_tokens(tb), 5);
+		tokenbucket_free(tb);
+	}
 }
 END_TEST
 
@@ -313,6 +436,10 @@ Suite *wait_suite(void)
 	tcase_add_test(tc, wait_follows_a_rate_lowered_while_it_sleeps);
 	tcase_add_test(tc, capped_wait_lasts_until_a_release);
 	tcase_add_test(tc, capped_wait_without_a_release_times_out_and_gives_back);
+	tcase_add_test(tc, eventfd_closed_mid_wait);
+	tcase_add_test(tc, pipe_closed_mid_wait);
+	tcase_add_test(tc, pipe_hung_up_mid_wait_gives_back);
+	tcase_add_test(tc, past_deadline_returns_at_once);
 	suite_add_tcase(s, tc);
 	return s;
 }
