@@ -9,7 +9,9 @@
  * Conventions shared by every function:
  *  - Time is int64_t nanoseconds.  Functions ending in _at take the caller's
  *    "now" on any monotonic time base; the others read tokenbucket_now().
- *    INT64_MIN is reserved and is read as INT64_MIN + 1.
+ *    INT64_MIN is reserved and is read as INT64_MIN + 1.  INT64_MAX is
+ *    TOKENBUCKET_NEVER: a call may pass it, but no token appears at it
+ *    (production ends at INT64_MAX - 1).
  *  - Time never runs backwards inside a bucket: a "now" earlier than the
  *    latest time the bucket has seen is treated as that latest time.
  *  - Production is exact: a rate of p tokens per q ns yields exactly
@@ -237,7 +239,7 @@ TOKENBUCKET_API double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now
 /*
  * Go's SetLimitAt: tokens produced up to now are credited at the old rate
  * (the fraction of a token carries over, rounded down to a nanosecond of the
- * new rate), then the new rate applies.  -EINVAL: tb NULL, rate NaN or
+ * new rate, and no further back than INT64_MIN + 1), then the new rate applies.  -EINVAL: tb NULL, rate NaN or
  * negative; for set_rate_every_at, period_ns <= 0 with tokens > 0.
  */
 TOKENBUCKET_API int tokenbucket_set_rate(struct tokenbucket *tb, double rate);

@@ -80,7 +80,11 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 			if ((uint64_t)debt > TOKENBUCKET_DEBT_MAX)
 				return -EOVERFLOW;
 			act = covered_at(tb, at, (uint64_t)debt);
-			wait = act == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : act - at;
+			/* act - at can pass INT64_MAX (at far below 0): saturate to NEVER. */
+			uint64_t span = (uint64_t)act - (uint64_t)at;
+			wait = act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER
+				       ? TOKENBUCKET_NEVER
+				       : (int64_t)span;
 		}
 		if (wait > max_wait)
 			return -ETIMEDOUT;
@@ -145,9 +149,10 @@ double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
 	int64_t level = tb__level(head, atomic_load(&tb->tail));
 	/* What is produced but not credited: the fraction, and whole tokens a racing claim holds. */
 	double pending = 0;
-	if (m.next != TB__NO_TIME && r.kind == TB__FINITE && at >= r.origin) {
-		uint64_t whole = at >= m.next ? tb__produced(&r, m.next - 1, at) : 0;
-		pending = (double)whole + tb__fraction(&r, at);
+	int64_t until = at < TOKENBUCKET_NEVER ? at : TOKENBUCKET_NEVER - 1; /* as tb__produce */
+	if (m.next != TB__NO_TIME && r.kind == TB__FINITE && until >= r.origin) {
+		uint64_t whole = until >= m.next ? tb__produced(&r, m.next - 1, until) : 0;
+		pending = (double)whole + tb__fraction(&r, until);
 		if (tb->flags & TOKENBUCKET_CAPPED_RELEASE) {
 			int64_t room = tb__level(atomic_load(&tb->ceil), head);
 			pending = room <= 0 ? 0 : pending < (double)room ? pending : (double)room;

@@ -159,7 +159,8 @@ uint64_t tb__claimable(const struct tb__rate *r, int64_t a, int64_t b, int64_t *
 	/* As tb__time_of(r, b, 1): the fine units still missing, q - rem_b <= q, fit 64 bits. */
 	uint64_t need = r->q - rem_b;
 	uint64_t wait = r->p == 1 ? need : need / r->p + (need % r->p != 0);
-	*next = (uint64_t)wait >= span(TOKENBUCKET_NEVER, b) ? TOKENBUCKET_NEVER : b + (int64_t)wait;
+	*next = wait >= span(TOKENBUCKET_NEVER, b) ? TOKENBUCKET_NEVER
+						   : (int64_t)((uint64_t)b + wait);
 	return k > UINT64_MAX ? UINT64_MAX : (uint64_t)k;
 }
 
@@ -172,7 +173,7 @@ int64_t tb__time_of(const struct tb__rate *r, int64_t at, uint64_t j)
 	u128 wait = (need + r->p - 1) / r->p;
 	if (wait >= (u128)span(TOKENBUCKET_NEVER, at))
 		return TOKENBUCKET_NEVER;
-	return at + (int64_t)wait;
+	return (int64_t)((uint64_t)at + (uint64_t)wait); /* in range; wait may pass INT64_MAX */
 }
 
 double tb__fraction(const struct tb__rate *r, int64_t t)
@@ -218,6 +219,6 @@ int64_t tb__carry_origin(const struct tb__rate *old, const struct tb__rate *new,
 	u128 rem = fine_units(old, at) % old->q;
 	u128 carry = rem * new->q / ((u128)old->q * new->p);
 	if (carry >= (u128)span(at, TB__NO_TIME + 1))
-		return TB__NO_TIME + 1;
-	return at - (int64_t)carry;
+		return TB__NO_TIME + 1; /* the time base starts there: carry what fits */
+	return (int64_t)((uint64_t)at - (uint64_t)carry);
 }

@@ -209,6 +209,9 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 		pthread_mutex_unlock(&tb->writer);
 		return -EINVAL;
 	}
+	/* Unlimited means full, whatever level was asked for (see publish_regime). */
+	if (tb__unlimited(tb))
+		tokens = burst;
 	atomic_store(&tb->clock, now);
 	struct tb__marker m = tb__marker_load(tb), n;
 	for (;;) {
@@ -241,9 +244,6 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 	}
 	if (tb->flags & TOKENBUCKET_CAPPED_RELEASE)
 		atomic_store(&tb->ceil, atomic_load(&tb->tail) + burst);
-	/* Unlimited means full, whatever level was asked for (see publish_regime). */
-	if (tb__unlimited(tb))
-		tb__credit(tb, UINT64_MAX, atomic_load(&tb->tail));
 	pthread_mutex_unlock(&tb->writer);
 	return 0;
 }

@@ -54,5 +54,7 @@ Suite *exactness_suite(void);
 Suite *errors_suite(void);
 Suite *concurrency_suite(void);
 Suite *wait_suite(void);
+Suite *badinput_suite(void);
+Suite *stress_suite(void);
 
 #endif
