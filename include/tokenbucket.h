@@ -9,9 +9,8 @@
  * Conventions shared by every function:
  *  - Time is int64_t nanoseconds.  Functions ending in _at take the caller's
  *    "now" on any monotonic time base; the others read tokenbucket_now().
- *    INT64_MIN is reserved and is read as INT64_MIN + 1.  INT64_MAX is
- *    TOKENBUCKET_NEVER: a call may pass it, but no token appears at it
- *    (production ends at INT64_MAX - 1).
+ *    INT64_MIN and INT64_MAX (TOKENBUCKET_NEVER) are reserved: a "now" of
+ *    INT64_MIN is read as INT64_MIN + 1, one of INT64_MAX as INT64_MAX - 1.
  *  - Time never runs backwards inside a bucket: a "now" earlier than the
  *    latest time the bucket has seen is treated as that latest time.
  *  - Production is exact: a rate of p tokens per q ns yields exactly

@@ -149,10 +149,9 @@ double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
 	int64_t level = tb__level(head, atomic_load(&tb->tail));
 	/* What is produced but not credited: the fraction, and whole tokens a racing claim holds. */
 	double pending = 0;
-	int64_t until = at < TOKENBUCKET_NEVER ? at : TOKENBUCKET_NEVER - 1; /* as tb__produce */
-	if (m.next != TB__NO_TIME && r.kind == TB__FINITE && until >= r.origin) {
-		uint64_t whole = until >= m.next ? tb__produced(&r, m.next - 1, until) : 0;
-		pending = (double)whole + tb__fraction(&r, until);
+	if (m.next != TB__NO_TIME && r.kind == TB__FINITE && at >= r.origin) {
+		uint64_t whole = at >= m.next ? tb__produced(&r, m.next - 1, at) : 0;
+		pending = (double)whole + tb__fraction(&r, at);
 		if (tb->flags & TOKENBUCKET_CAPPED_RELEASE) {
 			int64_t room = tb__level(atomic_load(&tb->ceil), head);
 			pending = room <= 0 ? 0 : pending < (double)room ? pending : (double)room;

@@ -168,11 +168,22 @@ static inline bool tb__marker_cas(struct tokenbucket *tb, struct tb__marker *exp
 					 __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
 }
 
+/*
+ * A caller's time as the bucket reads it: INT64_MIN is "no time seen yet"
+ * and INT64_MAX is TOKENBUCKET_NEVER (a claim's next time saturates there),
+ * so neither is ever a time the bucket has seen.
+ */
+static inline int64_t tb__time(int64_t now)
+{
+	return now == TB__NO_TIME ? TB__NO_TIME + 1
+	       : now == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER - 1
+					  : now;
+}
+
 /* Records now in the clock; returns the effective now, max(now, latest seen). */
 static inline int64_t tb__observe(struct tokenbucket *tb, int64_t now)
 {
-	if (now == TB__NO_TIME)
-		now = TB__NO_TIME + 1;
+	now = tb__time(now);
 	int64_t seen = atomic_load_explicit(&tb->clock, memory_order_relaxed);
 	return now > seen ? tb__observe_later(tb, now, seen) : seen;
 }

@@ -201,8 +201,7 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 {
 	if (tb == NULL)
 		return -EINVAL;
-	if (now == TB__NO_TIME)
-		now = TB__NO_TIME + 1;
+	now = tb__time(now);
 	pthread_mutex_lock(&tb->writer);
 	uint64_t burst = atomic_load(&tb->burst); /* stable: set_burst needs the lock */
 	if (tokens > burst) {

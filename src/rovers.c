@@ -98,12 +98,6 @@ uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold)
 	 * "nothing to claim" below is an answer about a real state.  A failed CAS
 	 * hands back the current marker, read atomically.
 	 */
-	/*
-	 * INT64_MAX is TOKENBUCKET_NEVER: nothing is produced at it.  A claim's
-	 * next time saturates there, so a claim up to it would be made again.
-	 */
-	if (now > TOKENBUCKET_NEVER - 1)
-		now = TOKENBUCKET_NEVER - 1;
 	struct tb__marker m = tb__marker_peek(tb);
 	while (m.next != tb__marker_next(tb))
 		m = tb__marker_peek(tb);

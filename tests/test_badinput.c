@@ -402,7 +402,7 @@ static bool takes_now(enum op op)
 
 static int64_t effective(int64_t now)
 {
-	return now == INT64_MIN ? INT64_MIN + 1 : now;
+	return now == INT64_MIN ? INT64_MIN + 1 : now == INT64_MAX ? INT64_MAX - 1 : now;
 }
 
 static int64_t later(int64_t a, int64_t b)

@@ -22,9 +22,10 @@ typedef __int128 i128;
 #define LOCK(m) pthread_mutex_lock(&(m)->lock)
 #define UNLOCK(m) pthread_mutex_unlock(&(m)->lock)
 
+/* INT64_MIN means "no time" and INT64_MAX "never": neither is a time seen. */
 static int64_t norm_time(int64_t t)
 {
-	return t == INT64_MIN ? INT64_MIN + 1 : t;
+	return t == INT64_MIN ? INT64_MIN + 1 : t == INT64_MAX ? INT64_MAX - 1 : t;
 }
 
 static int64_t level(const struct model *m)
@@ -54,17 +55,11 @@ static u128 fine(const struct model *m, int64_t t)
 	return (u128)span * m->p + m->fine0;
 }
 
-/* No token appears at INT64_MAX (TOKENBUCKET_NEVER): production ends before it. */
-static int64_t production_time(int64_t t)
-{
-	return t == INT64_MAX ? INT64_MAX - 1 : t;
-}
-
 static u128 produced(const struct model *m, int64_t t)
 {
 	if (m->kind != MODEL_FINITE)
 		return 0;
-	return fine(m, production_time(t)) / m->q;
+	return fine(m, t) / m->q;
 }
 
 /* Whole tokens produced after the claimed point, up to t. */
@@ -408,7 +403,7 @@ double model_tokens_at(struct model *m, int64_t now)
 		int64_t lv = level(m);
 		uint64_t rem = 0;
 		if (m->kind == MODEL_FINITE)
-			rem = (uint64_t)(fine(m, production_time(t)) % m->q);
+			rem = (uint64_t)(fine(m, t) % m->q);
 		/* Production the ceiling holds back is not counted. */
 		if (capped(m) && (int64_t)(m->ceil - m->head) <= 0)
 			rem = 0;
