@@ -40,6 +40,7 @@ void tokenbucket_replenish(struct tokenbucket *tb, int64_t now)
 {
 	if (tb == NULL)
 		return;
+	now = tb__time(now);
 	if (atomic_load_explicit(&tb->clock, memory_order_relaxed) == TB__NO_TIME) {
 		tb__observe(tb, now); /* the first time passed fixes the clock */
 		return;
