@@ -218,36 +218,8 @@ static double pick_rate(struct input *in)
 	}
 }
 
-/*
- * FUZZ_AVOID_KNOWN=1 steers around the known library divergences, to fuzz
- * past them until they are fixed: it keeps every time below INT64_MAX
- * (regressions/time-max-reclaim), skips reset_at at an unlimited rate
- * (regressions/reset-inf-moves-tail) and rate changes whose carried
- * fraction could reach back to INT64_MIN (regressions/carry-origin-clamp),
- * and reservations that could wait 2^63 ns or more
- * (regressions/reserve-wait-overflow).  The seeds stay clear of all four.
- */
-static bool avoid_known;
-static bool saw_known; /* the input reached a known divergence */
-
-static int64_t pick_time_raw(struct input *in, int64_t *cursor);
-
-static int64_t pick_time(struct input *in, int64_t *cursor)
-{
-	int64_t t = pick_time_raw(in, cursor);
-	if (t == INT64_MAX || *cursor == INT64_MAX)
-		saw_known = true;
-	if (avoid_known) {
-		if (t == INT64_MAX)
-			t = INT64_MAX - 1;
-		if (*cursor == INT64_MAX)
-			*cursor = INT64_MAX - 1;
-	}
-	return t;
-}
-
 /* Times: mostly forward by decoded deltas, sometimes back, sometimes the extremes. */
-static int64_t pick_time_raw(struct input *in, int64_t *cursor)
+static int64_t pick_time(struct input *in, int64_t *cursor)
 {
 	static const int64_t extremes[] = {
 		INT64_MIN, INT64_MIN + 1, INT64_MAX, INT64_MAX - 1, 0, -1,
@@ -310,15 +282,9 @@ static bool tracing;
 static int step;
 static const char *opname;
 
-static bool generating; /* making seeds: a divergence only rejects the seed */
-
 static void diverge(const char *fmt, ...)
 {
 	va_list ap;
-	if (generating) {
-		saw_known = true;
-		return;
-	}
 	fprintf(stderr, "tokenbucket fuzz: divergence at step %d (%s): ", step, opname);
 	va_start(ap, fmt);
 	vfprintf(stderr, fmt, ap);
@@ -414,20 +380,6 @@ static void keep_ticket(struct run *r, uint64_t t)
 	r->next_ticket = (r->next_ticket + 1) % SLOTS;
 }
 
-/*
- * Whether a rate change at now to tokens every period ns could carry a
- * fraction back past INT64_MIN + 1 (regressions/carry-origin-clamp): the
- * carry is less than period / tokens ns.
- */
-static bool carry_may_clamp(struct run *r, int64_t now, uint64_t tokens, uint64_t period)
-{
-	if (tokens == 0 || r->m->kind != MODEL_FINITE)
-		return false;
-	int64_t at = r->m->has_time && r->m->clock > now ? r->m->clock : now;
-	unsigned __int128 room = (unsigned __int128)((uint64_t)at - (uint64_t)INT64_MIN);
-	return room <= (unsigned __int128)(period / tokens) + 1;
-}
-
 /* The state both can show without changing it. */
 static void compare_state(struct run *r)
 {
@@ -468,15 +420,6 @@ static void do_op(struct run *r, struct input *in, int op)
 		int64_t wait = op % 16 == 1 ? pick_wait(in) : TOKENBUCKET_NEVER;
 		struct slot *s = &r->res[u8(in) % SLOTS];
 		trace("reserve_at(%" PRId64 ", %" PRIu64 ", %" PRId64 ")", now, n, wait);
-		/* A wait of 2^63 ns or more (regressions/reserve-wait-overflow). */
-		int64_t lv = (int64_t)(r->m->head - r->m->tail);
-		if ((__int128)n > lv && (__int128)n - lv <= (__int128)TOKENBUCKET_DEBT_MAX &&
-		    model_duration_for(r->m, (uint64_t)((__int128)n - lv)) == TOKENBUCKET_NEVER &&
-		    r->m->kind == MODEL_FINITE) {
-			saw_known = true;
-			if (avoid_known)
-				break;
-		}
 		/* On failure *r is untouched: start both from the same garbage. */
 		struct tokenbucket_reservation a, b;
 		memset(&a, 0xa5, sizeof(a));
@@ -515,14 +458,6 @@ static void do_op(struct run *r, struct input *in, int op)
 		int64_t now = pick_time(in, &r->cursor);
 		double rate = pick_rate(in);
 		trace("set_rate_at(%" PRId64 ", %.17g)", now, rate);
-		uint64_t p, q;
-		if (!isnan(rate) && rate >= 0 &&
-		    model_ratio_from_rate(rate, &p, &q) == MODEL_FINITE &&
-		    carry_may_clamp(r, now, p, q)) {
-			saw_known = true;
-			if (avoid_known)
-				break;
-		}
 		same_i64("error", tokenbucket_set_rate_at(r->tb, now, rate),
 			 model_set_rate_at(r->m, now, rate));
 		break;
@@ -533,11 +468,6 @@ static void do_op(struct run *r, struct input *in, int op)
 		uint64_t tokens = pick_tokens(in);
 		int64_t period = pick_period(in);
 		trace("set_rate_every_at(%" PRId64 ", %" PRIu64 ", %" PRId64 ")", now, tokens, period);
-		if (period > 0 && carry_may_clamp(r, now, tokens, (uint64_t)period)) {
-			saw_known = true;
-			if (avoid_known)
-				break;
-		}
 		same_i64("error", tokenbucket_set_rate_every_at(r->tb, now, tokens, period),
 			 model_set_rate_every_at(r->m, now, tokens, period));
 		break;
@@ -556,11 +486,6 @@ static void do_op(struct run *r, struct input *in, int op)
 		int64_t now = pick_time(in, &r->cursor);
 		uint64_t n = pick_count(in, burst);
 		trace("reset_at(%" PRId64 ", %" PRIu64 ")", now, n);
-		if (isinf(model_rate(r->m))) {
-			saw_known = true;
-			if (avoid_known)
-				break;
-		}
 		same_i64("error", tokenbucket_reset_at(r->tb, now, n), model_reset_at(r->m, now, n));
 		break;
 	}
@@ -678,8 +603,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 	(void)argv;
 	const char *t = getenv("FUZZ_TRACE");
 	tracing = t != NULL && *t != '\0' && *t != '0';
-	const char *a = getenv("FUZZ_AVOID_KNOWN");
-	avoid_known = a != NULL && *a != '\0' && *a != '0';
 	return 0;
 }
 
@@ -790,22 +713,11 @@ static int make_seeds(const char *dir)
 			for (int i = 0; i < 48; i++)
 				plan[n++] = (uint8_t)((i * 7 + s * 13) % 16);
 		}
-		/* Steered clear of the known divergences, and kept only if clear of them. */
-		struct input in;
-		avoid_known = true;
-		generating = true;
-		for (uint64_t attempt = 0;; attempt++) {
-			in = (struct input){ .gen = true, .plan = plan, .nplan = n,
-					     .rng = 0x746f6b656e + (uint64_t)s * 0x9e3779b97f4a7c15u + attempt };
-			saw_known = false;
-			run_input(&in);
-			LLVMFuzzerTestOneInput(in.out, in.len);
-			if (!saw_known)
-				break;
-			free(in.out);
-		}
-		avoid_known = false;
-		generating = false;
+		/* Generated and checked as it goes, then replayed: a divergence traps. */
+		struct input in = { .gen = true, .plan = plan, .nplan = n,
+				    .rng = 0x746f6b656e + (uint64_t)s * 0x9e3779b97f4a7c15u };
+		run_input(&in);
+		LLVMFuzzerTestOneInput(in.out, in.len);
 		char path[4096];
 		snprintf(path, sizeof(path), "%s/seed-%02d", dir, s);
 		FILE *f = fopen(path, "wb");
