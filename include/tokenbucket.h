@@ -145,8 +145,8 @@ TOKENBUCKET_API void tokenbucket_refund(struct tokenbucket *tb, uint64_t n);
 TOKENBUCKET_API uint64_t tokenbucket_deficiency(const struct tokenbucket *tb, uint64_t ticket);
 /*
  * Nanoseconds the rate needs to produce tokens, rounded up; 0 for 0 tokens or
- * rate TOKENBUCKET_INF; TOKENBUCKET_NEVER for rate 0, tb NULL, or a duration
- * beyond INT64_MAX - 1 ns.
+ * rate TOKENBUCKET_INF; TOKENBUCKET_NEVER for rate 0 or a duration beyond
+ * INT64_MAX - 1 ns, and for tb NULL whatever tokens is.
  */
 TOKENBUCKET_API int64_t tokenbucket_duration_for(const struct tokenbucket *tb, uint64_t tokens);
 /* Sets the replenish threshold: 1 to burst, else -EINVAL (also tb NULL). */
