@@ -15,8 +15,9 @@
  *    latest time the bucket has seen is treated as that latest time.
  *  - Production is exact: a rate of p tokens per q ns yields exactly
  *    floor(T * p / q) whole tokens in T ns, fractions carried.
- *  - Functions returning int return 0 or a negative errno value.
- *    Output parameters are left untouched on failure.
+ *  - Functions returning int return 0 or a negative errno value; a NULL
+ *    pointer's -EINVAL comes before any other error, and -EINVAL before
+ *    -ERANGE.  Output parameters are left untouched on failure.
  *  - Every function except tokenbucket_set_* and tokenbucket_reset_at is
  *    lock-free and may be called from any number of threads at once.  The
  *    set_* and reset_at functions serialise among themselves with a lock and
