@@ -101,7 +101,8 @@ enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t 
 uint64_t tb__produced(const struct tb__rate *r, int64_t a, int64_t b);
 /*
  * tb__produced(r, a, b) and, in *next, tb__time_of(r, b, 1), with the fewest
- * divisions: what a claim from a to b needs.
+ * divisions: what a claim from a to b needs.  Nothing to claim (a >= b, or
+ * no finite rate) gives 0 and *next NEVER.
  */
 uint64_t tb__claimable(const struct tb__rate *r, int64_t a, int64_t b, int64_t *next);
 /* The first time after the claimed point "at" when j more tokens are there. */

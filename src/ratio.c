@@ -151,7 +151,7 @@ static u128 divmod(u128 x, uint64_t d, uint64_t *rem)
 uint64_t tb__claimable(const struct tb__rate *r, int64_t a, int64_t b, int64_t *next)
 {
 	if (r->kind != TB__FINITE || r->p == 0 || r->q == 0 || b <= a) {
-		*next = r->kind == TB__FINITE && r->p && r->q ? tb__time_of(r, b, 1) : TOKENBUCKET_NEVER;
+		*next = TOKENBUCKET_NEVER; /* nothing to claim: the caller uses neither */
 		return 0;
 	}
 	uint64_t rem_a, rem_b;
