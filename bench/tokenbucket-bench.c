@@ -457,8 +457,8 @@ static void print_ratio(const char *a, const char *b, const char *why)
 static void print_bucket(void)
 {
 	printf("bucket: sizeof(struct tokenbucket) = %zu bytes; hot part: offset 0, %zu bytes "
-	       "(the fields before marker)", sizeof(struct tokenbucket),
-	       offsetof(struct tokenbucket, marker));
+	       "(the fields before gen)", sizeof(struct tokenbucket),
+	       offsetof(struct tokenbucket, gen));
 #if defined(__GLIBC__)
 	struct tokenbucket *tb = bucket(1, 1);
 	printf("; malloc_usable_size = %zu", malloc_usable_size(tb));

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The Go face, after golang.org/x/time/rate: every call first credits what
- * was produced up to its "now", then decides.  All functions are lock-free and
- * may run in any number of threads at once.
+ * The Go face, after golang.org/x/time/rate.  Production is a function of
+ * time, so a call needs no claim: it records now, reads the level at now,
+ * and decides with one compare-and-swap on the tail, which also drops what
+ * lies above burst.  All functions are lock-free and may run in any number
+ * of threads at once.
  */
 #include <errno.h>
 #include <math.h>
@@ -17,19 +19,27 @@ bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 	bool inf = tb__unlimited(tb);
 	if (n > burst && !inf)
 		return false;
-	tb__advance(tb, now);
+	struct tb__view v;
+	int64_t at;
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	tb__enter(tb, now, &v, &at, false);
 	if (inf)
 		return true;
-	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_relaxed);
 	for (;;) {
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-		/* head only grows while takes run, so a level seen is a level had. */
-		if (tb__level(head, tail) < (int64_t)n)
-			return false;
-		if (n == 0)
-			return true;
-		uint64_t base = tb__take_base(head, tail, burst);
-		if (atomic_compare_exchange_weak(&tb->tail, &tail, base + n))
+		int64_t level;
+		uint64_t base = tb__take_base(&v, head, tail, burst, at, &level);
+		if (level < (int64_t)n) {
+			/* Only a level read with the tail it belongs to refuses. */
+			uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
+			if (again == tail)
+				return false;
+			tail = again;
+			continue;
+		}
+		/* allow(0) writes only to drop what lies above burst. */
+		if ((n == 0 && base == tail) ||
+		    atomic_compare_exchange_weak(&tb->tail, &tail, base + n))
 			return true;
 	}
 }
@@ -37,18 +47,6 @@ bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 bool tokenbucket_allow(struct tokenbucket *tb, uint64_t n)
 {
 	return tokenbucket_allow_at(tb, tb__now(), n);
-}
-
-/* When `debt` more tokens than head holds will have been produced. */
-static int64_t covered_at(const struct tokenbucket *tb, int64_t at, uint64_t debt)
-{
-	struct tb__rate r;
-	struct tb__marker m;
-	tb__view(tb, &r, &m);
-	/* Tokens up to m.next - 1 are claimed; head holds them (or lost them to burst). */
-	int64_t claimed = m.next == TB__NO_TIME ? at : m.next - 1;
-	int64_t t = tb__time_of(&r, claimed, debt);
-	return t < at ? at : t;
 }
 
 int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
@@ -60,7 +58,10 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 	bool inf = tb__unlimited(tb);
 	if (n > burst && !inf)
 		return -E2BIG;
-	int64_t at = tb__advance(tb, now);
+	struct tb__view v;
+	int64_t at;
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	tb__enter(tb, now, &v, &at, false);
 	if (inf) {
 		/* Nothing is taken, so there is nothing to give back: tokens is 0. */
 		*r = (struct tokenbucket_reservation){
@@ -70,24 +71,41 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 		};
 		return 0;
 	}
-	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_relaxed);
 	for (;;) {
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-		uint64_t after = tb__take_base(head, tail, burst) + n;
-		int64_t debt = tb__level(after, head);
+		int64_t level;
+		uint64_t after = tb__take_base(&v, head, tail, burst, at, &level) + n;
+		int64_t debt = (int64_t)n - level;
 		int64_t act = at, wait = 0;
+		int err = 0;
 		if (debt > 0) {
-			if ((uint64_t)debt > TOKENBUCKET_DEBT_MAX)
-				return -EOVERFLOW;
-			act = covered_at(tb, at, (uint64_t)debt);
-			/* act - at can pass INT64_MAX (at far below 0): saturate to NEVER. */
-			uint64_t span = (uint64_t)act - (uint64_t)at;
-			wait = act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER
-				       ? TOKENBUCKET_NEVER
-				       : (int64_t)span;
+			if ((uint64_t)debt > TOKENBUCKET_DEBT_MAX) {
+				err = -EOVERFLOW;
+			} else {
+				/* When P has made debt more tokens than it had at "at". */
+				act = tb__time_of(&v, at, (uint64_t)debt);
+				/* act - at can pass INT64_MAX (at far below 0): saturate to NEVER. */
+				uint64_t span = (uint64_t)act - (uint64_t)at;
+				wait = act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER
+					       ? TOKENBUCKET_NEVER
+					       : (int64_t)span;
+			}
 		}
-		if (wait > max_wait)
-			return -ETIMEDOUT;
+		if (!err && wait > max_wait)
+			err = -ETIMEDOUT;
+		if (err) {
+			/* Refused, but the time was seen: what lies above burst is dropped. */
+			if (after - n == tail) {
+				uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
+				if (again == tail)
+					return err;
+				tail = again;
+				continue;
+			}
+			if (atomic_compare_exchange_weak(&tb->tail, &tail, after - n))
+				return err;
+			continue;
+		}
 		if (atomic_compare_exchange_weak(&tb->tail, &tail, after)) {
 			*r = (struct tokenbucket_reservation){
 				.time_to_act = act,
@@ -124,7 +142,10 @@ void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservatio
 	r->tokens = 0;
 	if (n == 0 || tb__unlimited(tb))
 		return;
-	if (tb__advance(tb, now) > r->time_to_act)
+	struct tb__view v;
+	int64_t at;
+	tb__enter(tb, now, &v, &at, true);
+	if (at > r->time_to_act)
 		return; /* too late: the tokens were used */
 	tb__give_back(tb, n);
 }
@@ -138,27 +159,37 @@ double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
 {
 	if (tb == NULL)
 		return NAN;
-	int64_t at = tb__advance(tb, now);
-	double burst = (double)atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	struct tb__view v;
+	int64_t at;
+	tb__enter(tb, now, &v, &at, true);
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	if (tb__unlimited(tb))
-		return burst;
-	struct tb__rate r;
-	struct tb__marker m;
-	tb__view(tb, &r, &m);
-	uint64_t head = atomic_load(&tb->head);
-	int64_t level = tb__level(head, atomic_load(&tb->tail));
-	/* What is produced but not credited: the fraction, and whole tokens a racing claim holds. */
-	double pending = 0;
-	if (m.next != TB__NO_TIME && r.kind == TB__FINITE && at >= r.origin) {
-		uint64_t whole = at >= m.next ? tb__produced(&r, m.next - 1, at) : 0;
-		pending = (double)whole + tb__fraction(&r, at);
-		if (tb->flags & TOKENBUCKET_CAPPED_RELEASE) {
-			int64_t room = tb__level(atomic_load(&tb->ceil), head);
-			pending = room <= 0 ? 0 : pending < (double)room ? pending : (double)room;
-		}
+		return (double)burst;
+	uint64_t tail = atomic_load(&tb->tail), head;
+	tb__i128 raw;
+	for (;;) {
+		head = atomic_load(&tb->head);
+		raw = tb__raw_level(&v, head, tail, at);
+		uint64_t again = atomic_load(&tb->tail);
+		if (again == tail)
+			break;
+		tail = again;
 	}
-	double tokens = (double)level + pending;
-	return tokens > burst ? burst : tokens;
+	if (raw > (tb__i128)burst)
+		return (double)burst;
+	double fraction = tb__fraction(&v, at);
+	/* Production that ceil holds back is not counted. */
+	if (tb__capped(tb) && fraction > 0) {
+		uint64_t now_head = head + v.hoff + (uint64_t)tb__production(&v, at);
+		if (tb__level(atomic_load(&tb->ceil), now_head) <= 0)
+			fraction = 0;
+	}
+	if (raw == (tb__i128)burst)
+		return (double)burst;
+	if (fraction == 0)
+		return (double)(int64_t)raw;
+	return (double)((long double)(int64_t)raw + (long double)tb__remainder(&v, at) /
+							 (long double)v.q);
 }
 
 double tokenbucket_tokens(struct tokenbucket *tb)

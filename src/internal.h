@@ -2,6 +2,9 @@
 /*
  * The bucket's state and the helpers the two faces share.  docs/DESIGN.md
  * explains the model; the comments here state what each field promises.
+ *
+ * Every shared word is a naturally aligned 8-byte (or smaller) atomic, so the
+ * state is lock-free and address-free wherever 8-byte compare-and-swap is.
  */
 #ifndef TOKENBUCKET_INTERNAL_H
 #define TOKENBUCKET_INTERNAL_H
@@ -15,8 +18,24 @@
 
 #include "tokenbucket.h"
 
+typedef unsigned __int128 tb__u128;
+typedef __int128 tb__i128;
+
 /* "No time seen yet" in the clock; callers' INT64_MIN is read as INT64_MIN + 1. */
 #define TB__NO_TIME INT64_MIN
+
+/*
+ * Production since a regime's origin stays below this many tokens: a call
+ * whose time passes the regime's horizon normalizes the bucket first (see
+ * tb__normalize), which keeps level - P(t) and tail - head within int64_t.
+ */
+#define TB__ANCHOR (UINT64_C(1) << 61)
+/*
+ * The most a drop moves the tail (and head) up: within the horizon a drop
+ * is below it; past it, the rest is lost without moving the rovers, so that
+ * a ticket stays comparable with the head (docs/DESIGN.md).
+ */
+#define TB__DROP_MOST (UINT64_C(1) << 61)
 
 /* What a regime produces; mirrored in tokenbucket.kind for the fast paths. */
 enum tb__kind {
@@ -26,67 +45,63 @@ enum tb__kind {
 };
 
 /*
- * A rate regime: production P(t) = floor((t - origin) * p / q) whole tokens
- * for t >= origin.  A slot is written only by a writer (under tb->writer)
- * while it is not the current regime, and read by anyone.  Fields are atomics
- * so that a reader racing a writer two regimes later reads stale values, never
- * torn ones; the reader then notices the regime moved and retries.
+ * A rate regime: production P(t) = floor(((t - origin) * p + fine0) / q)
+ * whole tokens for t >= origin, 0 before.  Regime e lives in slot[e & 1]; a slot is
+ * written only by a writer (under tb->writer) while no reader may use it,
+ * and read under the seqlock of tb->gen.  Fields are atomics so that a
+ * racing reader reads stale values, never torn ones, and then retries.
  */
 struct tb__slot {
-	_Atomic int64_t origin; /* ns; TB__NO_TIME until the bucket's clock is fixed */
-	_Atomic uint64_t p;     /* tokens per period; 0 for ZERO */
-	_Atomic uint64_t q;     /* period in ns; 0 for INF */
-	_Atomic uint32_t kind;  /* enum tb__kind */
+	_Atomic int64_t origin;   /* ns; TB__NO_TIME until the bucket's clock is fixed */
+	_Atomic uint64_t fine0;   /* production carried in, in 1/q tokens: < q */
+	_Atomic uint64_t p;       /* tokens per period; 0 for ZERO */
+	_Atomic uint64_t q;       /* period in ns; 0 for INF */
+	_Atomic uint64_t hoff;    /* head offset: the head is head + hoff + P(t), mod 2^64 */
+	_Atomic int64_t horizon;  /* P(t) < TB__ANCHOR for t - origin < horizon (ns) */
+	_Atomic uint32_t kind;    /* enum tb__kind */
 };
 
-/*
- * The production claim.  next is the first time at which a whole token not
- * yet claimed appears (TOKENBUCKET_NEVER: none will; TB__NO_TIME: the clock is
- * not fixed yet).  Claiming the tokens produced up to now moves next past now.
- * regime counts rate changes and resets; it makes a claim computed under an
- * old regime fail its compare-and-swap.  16 bytes, changed only by a 16-byte
- * CAS; accessed only through the tb__marker_* helpers below.
- */
-struct tb__marker {
-	int64_t next;
-	uint64_t regime;
-} __attribute__((aligned(16)));
-
-/* A consistent view of the current regime, taken by tb__view(). */
-struct tb__rate {
+/* A consistent view of the production in force, taken by tb__view(). */
+struct tb__view {
+	uint64_t gen;      /* tb->gen when it was taken */
 	int64_t origin;
-	uint64_t p;
-	uint64_t q;
+	uint64_t fine0;
+	uint64_t p, q;
+	uint64_t hoff;
+	int64_t horizon;
 	enum tb__kind kind;
+	int64_t until;     /* production counts up to this time only (a rate change runs) */
 };
 
 struct tokenbucket {
 	/*
-	 * Line 0: all that allow, grab and deficiency write or read, except
-	 * marker.next.  Rovers count whole tokens modulo 2^64 and are compared
-	 * as signed differences:
-	 *   level = head - tail, -TOKENBUCKET_DEBT_MAX <= level <= burst.
-	 * tail and clock are written by every take; head by credits and refunds.
+	 * Line 0: what takes write (tail, clock) and read.  Rovers count whole
+	 * tokens modulo 2^64 and are compared as signed differences.  The head
+	 * is implicit: tokens credited up to the clock are head + P(clock), so
+	 * production is never claimed; it is there as soon as time says so.
+	 *   level = head + P(clock) - tail; above burst the excess is dropped
+	 *   by the next take (tail moves up to head + P - burst).
 	 */
-	alignas(64) _Atomic uint64_t tail; /* tokens ever taken; tickets are its values */
+	alignas(64) _Atomic uint64_t tail; /* tokens taken or dropped; tickets are its values */
 	_Atomic int64_t clock;             /* latest time seen, only grows (except reset) */
-	_Atomic uint64_t head;             /* tokens ever credited or given back */
-	_Atomic uint64_t ceil;             /* capped release: head never passes it */
+	_Atomic uint64_t head;             /* credits outside production: give-backs, carries */
+	_Atomic uint64_t ceil;             /* capped release: head + P(clock) never passes it */
 	_Atomic uint64_t burst;
-	_Atomic uint64_t threshold;        /* replenish credits only this many at once */
 	_Atomic uint32_t kind;             /* enum tb__kind of the current regime */
 	uint32_t flags;                    /* TOKENBUCKET_CAPPED_RELEASE; fixed at create */
+	_Atomic int64_t ceiled;            /* capped release: production up to here met ceil */
 
 	/*
-	 * Line 1: production claim and rate regimes, written once per claim and
-	 * read by every take (marker.next: is there anything to claim?), so
-	 * takes keep it shared in their caches between claims.
+	 * Line 1: read by every take, written only by writers, so it stays
+	 * shared in every core's cache.  gen is even while regime gen / 2 is in
+	 * force, odd while a rate change freezes it at frozen_at.
 	 */
-	alignas(64) struct tb__marker marker;
-	_Atomic uint64_t regime; /* marker.regime as last published; lags it, never leads */
-	struct tb__slot slot[2]; /* regime e lives in slot[e & 1] */
+	alignas(64) _Atomic uint64_t gen;
+	_Atomic int64_t frozen_at;
+	_Atomic uint64_t threshold;        /* replenish credits only this many at once */
+	struct tb__slot slot[2];
 
-	/* Writers only: set_*, reset_at. */
+	/* Writers only: set_*, reset_at, and a take that must re-anchor. */
 	alignas(64) pthread_mutex_t writer;
 };
 
@@ -97,82 +112,108 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q);
 /* Reduces tokens per period_ns to lowest terms; returns the kind. */
 enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t *p,
 				   uint64_t *q);
-/* P(b) - P(a) for origin <= a <= b, saturating at UINT64_MAX. */
-uint64_t tb__produced(const struct tb__rate *r, int64_t a, int64_t b);
-/*
- * tb__produced(r, a, b) and, in *next, tb__time_of(r, b, 1), with the fewest
- * divisions: what a claim from a to b needs.  Nothing to claim (a >= b, or
- * no finite rate) gives 0 and *next NEVER.
- */
-uint64_t tb__claimable(const struct tb__rate *r, int64_t a, int64_t b, int64_t *next);
-/* The first time after the claimed point "at" when j more tokens are there. */
-int64_t tb__time_of(const struct tb__rate *r, int64_t at, uint64_t j);
+/* The first time after "at" when j more tokens than P(at) are there. */
+int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j);
 /* The fraction of a token produced at t beyond P(t), in [0, 1). */
-double tb__fraction(const struct tb__rate *r, int64_t t);
+double tb__fraction(const struct tb__view *v, int64_t t);
 /* Nanoseconds needed for n tokens, rounded up; NEVER when not representable. */
-int64_t tb__duration(const struct tb__rate *r, uint64_t n);
+int64_t tb__duration(const struct tb__view *v, uint64_t n);
 /* The regime's rate as a double in tokens per second. */
-double tb__rate_value(const struct tb__rate *r);
-/* An origin at "at" minus the time the new rate needs for the fraction carried. */
-int64_t tb__carry_origin(const struct tb__rate *old, const struct tb__rate *new, int64_t at);
+double tb__rate_value(const struct tb__view *v);
+/*
+ * At a rate change at "at": the fraction of a token the old regime had made,
+ * as fine0 of the new rate p/q, rounded down to a nanosecond of the new rate.
+ */
+uint64_t tb__carry(const struct tb__view *old, uint64_t p, uint64_t q, int64_t at);
+/* The fraction made at t, in 1/q tokens (fine0 of a regime that starts at t). */
+uint64_t tb__remainder(const struct tb__view *v, int64_t t);
+/* How long after its origin a regime may run before it must be normalized. */
+int64_t tb__horizon(uint64_t p, uint64_t q, uint64_t fine0, enum tb__kind kind);
 
 /* ---- rovers.c: the shared core ------------------------------------------- */
 
 /* The clock's slow path: records now > seen; fixes the origin on the first time. */
 int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen);
-/* Claims and credits the tokens produced up to now, if at least threshold. */
-uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold);
-/* Adds up to k tokens to head, within burst (from tail_before) and ceil. */
-uint64_t tb__credit(struct tokenbucket *tb, uint64_t k, uint64_t tail_before);
+/* Writers only: makes n the regime in force (the next even gen). */
+void tb__publish(struct tokenbucket *tb, const struct tb__view *n);
+/*
+ * Past the view's horizon: under the writer lock, drops what is above burst
+ * and moves the origin forward.  The caller takes its view again.
+ */
+void tb__normalize(struct tokenbucket *tb, int64_t at);
+/* tb__normalize for a caller that holds the writer lock. */
+void tb__normalize_locked(struct tokenbucket *tb, int64_t at);
+/*
+ * Drops what lies above burst at "at" by moving the tail (and, capped, ceil
+ * with it); returns how many tokens were dropped.
+ */
+uint64_t tb__drop(struct tokenbucket *tb, const struct tb__view *v, int64_t at, uint64_t burst);
+/* Capped release: lowers head so that the head at t does not pass ceil; true if it did. */
+bool tb__cap_to_ceil(struct tokenbucket *tb, const struct tb__view *v, int64_t t);
 /* Raises ceil by up to n, never past tail + burst; returns how much. */
 uint64_t tb__raise_ceil(struct tokenbucket *tb, uint64_t n);
-/* Gives n tokens back (refund, cancel); returns how many fitted. */
+/* Gives n tokens back (refund, cancel) within burst at the clock; returns how many fitted. */
 uint64_t tb__give_back(struct tokenbucket *tb, uint64_t n);
-/* Reads a slot; a slot torn by a concurrent writer reads as an inert ZERO regime. */
-void tb__load_slot(const struct tb__slot *s, struct tb__rate *r);
-/* Reads the current regime and marker consistently. */
-void tb__view(const struct tokenbucket *tb, struct tb__rate *r, struct tb__marker *m);
 
-/*
- * The marker, through GCC's __atomic builtins (clang has them too): a 16-byte
- * load or CAS (libatomic: cmpxchg16b on x86-64, casp on aarch64), and plain
- * 8-byte loads of either half.  A half-load is single-copy atomic for its
- * half; a pair of them may be torn, so it only seeds a CAS, which checks it.
- */
-static inline int64_t tb__marker_next(const struct tokenbucket *tb)
+/* Production since the origin in 1/q tokens: (t - origin) * p + fine0. */
+static inline tb__u128 tb__fine_units(const struct tb__view *v, int64_t t)
 {
-	return __atomic_load_n(&tb->marker.next, __ATOMIC_RELAXED);
+	return (tb__u128)((uint64_t)t - (uint64_t)v->origin) * v->p + v->fine0;
 }
 
-static inline struct tb__marker tb__marker_peek(const struct tokenbucket *tb)
+/* A finite regime whose origin is fixed, at a time not before it. */
+static inline bool tb__producing(const struct tb__view *v, int64_t t)
 {
-	/* Acquire, so that a later load of next cannot move before them. */
-	return (struct tb__marker){
-		__atomic_load_n(&tb->marker.next, __ATOMIC_ACQUIRE),
-		__atomic_load_n(&tb->marker.regime, __ATOMIC_ACQUIRE),
-	};
+	return v->kind == TB__FINITE && v->p != 0 && v->q != 0 && v->origin != TB__NO_TIME &&
+	       t >= v->origin;
 }
 
-static inline struct tb__marker tb__marker_load(const struct tokenbucket *tb)
+/* P(t): whole tokens produced from the origin to t (frozen at v->until), exactly. */
+static inline tb__u128 tb__production(const struct tb__view *v, int64_t t)
 {
-	/* libatomic's 16-byte load may be a CAS writing back what it read: hence the cast. */
-	struct tb__marker m;
-	__atomic_load((struct tb__marker *)&tb->marker, &m, __ATOMIC_SEQ_CST);
-	return m;
+	if (t > v->until)
+		t = v->until;
+	if (!tb__producing(v, t))
+		return 0;
+	tb__u128 f = tb__fine_units(v, t);
+	if (v->q == 1)
+		return f;
+	if ((f >> 64) == 0)
+		return (uint64_t)f / v->q; /* one 64-bit division in the usual case */
+	return f / v->q;
 }
 
-/* On failure *expected becomes the marker's current value (read atomically). */
-static inline bool tb__marker_cas(struct tokenbucket *tb, struct tb__marker *expected,
-				  struct tb__marker desired)
+/* Reads the production in force consistently: a seqlock on gen. */
+static inline void tb__view(const struct tokenbucket *tb, struct tb__view *v)
 {
-	return __atomic_compare_exchange(&tb->marker, expected, &desired, false,
-					 __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+	for (;;) {
+		uint64_t gen = atomic_load_explicit(&tb->gen, memory_order_acquire);
+		const struct tb__slot *s = &tb->slot[(gen >> 1) & 1];
+		v->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
+		v->fine0 = atomic_load_explicit(&s->fine0, memory_order_relaxed);
+		v->p = atomic_load_explicit(&s->p, memory_order_relaxed);
+		v->q = atomic_load_explicit(&s->q, memory_order_relaxed);
+		v->hoff = atomic_load_explicit(&s->hoff, memory_order_relaxed);
+		v->horizon = atomic_load_explicit(&s->horizon, memory_order_relaxed);
+		v->kind = (enum tb__kind)atomic_load_explicit(&s->kind, memory_order_relaxed);
+		v->until = gen & 1 ? atomic_load_explicit(&tb->frozen_at, memory_order_relaxed)
+				   : TOKENBUCKET_NEVER;
+		/*
+		 * The slot of regime e is rewritten only for regime e + 2, after
+		 * gen passed 2e + 1: if gen is unchanged after the reads, they
+		 * were of one regime.
+		 */
+		atomic_thread_fence(memory_order_acquire);
+		if (atomic_load_explicit(&tb->gen, memory_order_relaxed) == gen) {
+			v->gen = gen;
+			return;
+		}
+	}
 }
 
 /*
  * A caller's time as the bucket reads it: INT64_MIN is "no time seen yet"
- * and INT64_MAX is TOKENBUCKET_NEVER (a claim's next time saturates there),
- * so neither is ever a time the bucket has seen.
+ * and INT64_MAX is TOKENBUCKET_NEVER, so neither is a time the bucket sees.
  */
 static inline int64_t tb__time(int64_t now)
 {
@@ -181,11 +222,15 @@ static inline int64_t tb__time(int64_t now)
 					  : now;
 }
 
-/* Records now in the clock; returns the effective now, max(now, latest seen). */
+/*
+ * Records now in the clock; returns the effective now, max(now, latest seen).
+ * Sequentially consistent, read or CAS: a writer that reads the clock after
+ * freezing the regime sees every time at which a take used it unfrozen.
+ */
 static inline int64_t tb__observe(struct tokenbucket *tb, int64_t now)
 {
 	now = tb__time(now);
-	int64_t seen = atomic_load_explicit(&tb->clock, memory_order_relaxed);
+	int64_t seen = atomic_load(&tb->clock);
 	return now > seen ? tb__observe_later(tb, now, seen) : seen;
 }
 
@@ -197,19 +242,15 @@ static inline int64_t tb__now(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-/* The Go face's entry: observe now and credit everything produced up to it. */
-static inline int64_t tb__advance(struct tokenbucket *tb, int64_t now)
-{
-	now = tb__observe(tb, now);
-	if (now >= tb__marker_next(tb))
-		tb__produce(tb, now, 1);
-	return now;
-}
-
 /* An unlimited rate: nothing is taken and the bucket stays full. */
 static inline bool tb__unlimited(const struct tokenbucket *tb)
 {
 	return atomic_load_explicit(&tb->kind, memory_order_relaxed) == TB__INF;
+}
+
+static inline bool tb__capped(const struct tokenbucket *tb)
+{
+	return tb->flags & TOKENBUCKET_CAPPED_RELEASE;
 }
 
 static inline int64_t tb__level(uint64_t head, uint64_t tail)
@@ -217,10 +258,92 @@ static inline int64_t tb__level(uint64_t head, uint64_t tail)
 	return (int64_t)(head - tail);
 }
 
-/* Where a take starts: tokens above burst (left by a lowered burst) are dropped first. */
-static inline uint64_t tb__take_base(uint64_t head, uint64_t tail, uint64_t burst)
+/* Whether t lies past the view's horizon, where production may be too large to use. */
+static inline bool tb__past_horizon(const struct tb__view *v, int64_t t)
 {
-	return tb__level(head, tail) > (int64_t)burst ? head - burst : tail;
+	return t > v->origin && (uint64_t)t - (uint64_t)v->origin >= (uint64_t)v->horizon;
+}
+
+/*
+ * What every call that passes a time does before it decides: read the
+ * production in force, record now (the effective time goes to *at), with
+ * capped release lose what ceil holds back, and drop what lies above burst
+ * (unless the caller is a take that drops it in its own compare-and-swap).
+ * The regime is read again after the clock: if a writer froze or changed it
+ * meanwhile, the view is taken again.  A time past the horizon normalizes
+ * the bucket first.
+ */
+void tb__enter_slow(struct tokenbucket *tb, const struct tb__view *v, int64_t at, bool drop);
+
+static inline void tb__enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
+			     bool drop)
+{
+	for (;;) {
+		tb__view(tb, v);
+		*at = tb__observe(tb, now);
+		/*
+		 * The first time seen fixes the origin of regime 0 (or is being
+		 * fixed by another thread: until then nothing is produced).
+		 */
+		if (v->origin == TB__NO_TIME && atomic_load(&tb->slot[0].origin) != TB__NO_TIME)
+			continue;
+		if (atomic_load(&tb->gen) != v->gen)
+			continue;
+		if (__builtin_expect(tb__past_horizon(v, *at), 0)) {
+			tb__normalize(tb, *at);
+			continue;
+		}
+		break;
+	}
+	if (drop || tb__capped(tb))
+		tb__enter_slow(tb, v, *at, drop);
+}
+
+/* The head at t, modulo 2^64 like the rovers: head + hoff + P(t). */
+static inline uint64_t tb__head_at(const struct tb__view *v, uint64_t head, int64_t t)
+{
+	return head + v->hoff + (uint64_t)tb__production(v, t);
+}
+
+/*
+ * The level at t, head + hoff + P(t) - tail.  head + hoff - tail is a valid
+ * int64_t (docs/DESIGN.md); P(t) may approach 2^128, so it is saturated at
+ * 2^126, far above any burst: the value is exact whenever it matters, and
+ * amounts to move rovers by are taken modulo 2^64 from tb__head_at.
+ */
+static inline tb__i128 tb__sat(tb__u128 x)
+{
+	const tb__u128 sat = (tb__u128)1 << 126;
+	return (tb__i128)(x < sat ? x : sat);
+}
+
+static inline tb__i128 tb__raw_level(const struct tb__view *v, uint64_t head, uint64_t tail,
+				     int64_t t)
+{
+	return (tb__i128)tb__level(head + v->hoff, tail) + tb__sat(tb__production(v, t));
+}
+
+/* The level never reported above burst. */
+static inline int64_t tb__capped_level(tb__i128 raw, uint64_t burst)
+{
+	return raw > (tb__i128)burst ? (int64_t)burst : (int64_t)raw;
+}
+
+/*
+ * Where a take at t starts: tokens above burst are dropped first, by moving
+ * the tail up to head + hoff + P(t) - burst.  Returns that base; *level gets
+ * the level there, never above burst.
+ */
+static inline uint64_t tb__take_base(const struct tb__view *v, uint64_t head, uint64_t tail,
+				     uint64_t burst, int64_t t, int64_t *level)
+{
+	tb__i128 raw = tb__raw_level(v, head, tail, t);
+	if (raw > (tb__i128)burst) {
+		*level = (int64_t)burst;
+		return tb__head_at(v, head, t) - burst;
+	}
+	*level = (int64_t)raw;
+	return tail;
 }
 
 #endif /* TOKENBUCKET_INTERNAL_H */

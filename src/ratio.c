@@ -11,7 +11,7 @@
 
 #include "internal.h"
 
-typedef unsigned __int128 u128;
+typedef tb__u128 u128;
 
 static uint64_t gcd64(uint64_t a, uint64_t b)
 {
@@ -29,10 +29,8 @@ static uint64_t span(int64_t a, int64_t b)
 	return (uint64_t)a - (uint64_t)b;
 }
 
-static u128 fine_units(const struct tb__rate *r, int64_t t)
-{
-	return (u128)span(t, r->origin) * r->p;
-}
+#define fine_units tb__fine_units
+#define producing tb__producing
 
 enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t *p, uint64_t *q)
 {
@@ -126,75 +124,53 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
 	return TB__FINITE;
 }
 
-uint64_t tb__produced(const struct tb__rate *r, int64_t a, int64_t b)
+int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j)
 {
-	if (r->kind != TB__FINITE || r->q == 0 || b <= a)
-		return 0;
-	u128 pa = fine_units(r, a) / r->q, pb = fine_units(r, b) / r->q;
-	u128 k = pb - pa;
-	return k > UINT64_MAX ? UINT64_MAX : (uint64_t)k;
-}
-
-/* x / d and x % d; one 64-bit division when x fits 64 bits (the usual case). */
-static u128 divmod(u128 x, uint64_t d, uint64_t *rem)
-{
-	if ((x >> 64) == 0) {
-		uint64_t lo = (uint64_t)x;
-		*rem = lo % d;
-		return lo / d;
-	}
-	u128 quot = x / d;
-	*rem = (uint64_t)(x - quot * d);
-	return quot;
-}
-
-uint64_t tb__claimable(const struct tb__rate *r, int64_t a, int64_t b, int64_t *next)
-{
-	if (r->kind != TB__FINITE || r->p == 0 || r->q == 0 || b <= a) {
-		*next = TOKENBUCKET_NEVER; /* nothing to claim: the caller uses neither */
-		return 0;
-	}
-	uint64_t rem_a, rem_b;
-	u128 k = divmod(fine_units(r, b), r->q, &rem_b) - divmod(fine_units(r, a), r->q, &rem_a);
-	/* As tb__time_of(r, b, 1): the fine units still missing, q - rem_b <= q, fit 64 bits. */
-	uint64_t need = r->q - rem_b;
-	uint64_t wait = r->p == 1 ? need : need / r->p + (need % r->p != 0);
-	*next = wait >= span(TOKENBUCKET_NEVER, b) ? TOKENBUCKET_NEVER
-						   : (int64_t)((uint64_t)b + wait);
-	return k > UINT64_MAX ? UINT64_MAX : (uint64_t)k;
-}
-
-int64_t tb__time_of(const struct tb__rate *r, int64_t at, uint64_t j)
-{
-	if (r->kind != TB__FINITE || r->p == 0 || r->q == 0)
+	if (v->kind != TB__FINITE || v->p == 0 || v->q == 0 || v->origin == TB__NO_TIME)
 		return TOKENBUCKET_NEVER;
-	u128 rem = fine_units(r, at) % r->q;
-	u128 need = (u128)j * r->q - rem; /* fine units still to produce */
-	u128 wait = (need + r->p - 1) / r->p;
+	u128 rem = at >= v->origin ? fine_units(v, at) % v->q : 0;
+	u128 need = (u128)j * v->q - rem; /* fine units still to produce */
+	u128 wait = (need + v->p - 1) / v->p;
 	if (wait >= (u128)span(TOKENBUCKET_NEVER, at))
 		return TOKENBUCKET_NEVER;
 	return (int64_t)((uint64_t)at + (uint64_t)wait); /* in range; wait may pass INT64_MAX */
 }
 
-double tb__fraction(const struct tb__rate *r, int64_t t)
+double tb__fraction(const struct tb__view *v, int64_t t)
 {
-	if (r->kind != TB__FINITE || r->q == 0)
+	if (t > v->until)
+		t = v->until;
+	if (!producing(v, t))
 		return 0;
-	uint64_t rem = (uint64_t)(fine_units(r, t) % r->q);
-	return (double)((long double)rem / (long double)r->q);
+	uint64_t rem = (uint64_t)(fine_units(v, t) % v->q);
+	return (double)((long double)rem / (long double)v->q);
 }
 
-int64_t tb__duration(const struct tb__rate *r, uint64_t n)
+int64_t tb__duration(const struct tb__view *v, uint64_t n)
 {
-	if (n == 0 || r->kind == TB__INF)
+	if (n == 0 || v->kind == TB__INF)
 		return 0;
-	if (r->kind != TB__FINITE || r->p == 0)
+	if (v->kind != TB__FINITE || v->p == 0)
 		return TOKENBUCKET_NEVER;
-	u128 d = ((u128)n * r->q + r->p - 1) / r->p;
+	u128 d = ((u128)n * v->q + v->p - 1) / v->p;
 	return d >= (u128)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
 }
 
-double tb__rate_value(const struct tb__rate *r)
+int64_t tb__horizon(uint64_t p, uint64_t q, uint64_t fine0, enum tb__kind kind)
+{
+	if (kind != TB__FINITE || p == 0 || q == 0)
+		return TOKENBUCKET_NEVER;
+	/* The smallest span with span * p + fine0 >= TB__ANCHOR * q (fine0 < q). */
+	u128 d = ((u128)TB__ANCHOR * q - fine0 + p - 1) / p;
+	return d >= (u128)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
+}
+
+uint64_t tb__remainder(const struct tb__view *v, int64_t t)
+{
+	return producing(v, t) ? (uint64_t)(fine_units(v, t) % v->q) : 0;
+}
+
+double tb__rate_value(const struct tb__view *r)
 {
 	switch (r->kind) {
 	case TB__INF:
@@ -208,17 +184,18 @@ double tb__rate_value(const struct tb__rate *r)
 
 /*
  * At a rate change at time "at", the fraction of a token the old rate had
- * produced is kept: the new origin lies before "at" by the time the new rate
- * needs for that fraction, rounded down to a nanosecond (never invented).
+ * produced is kept: the time the new rate needs for it, rounded down to a
+ * nanosecond, no further back than INT64_MIN + 1, as fine units of the new
+ * rate (never invented, and below q).
  */
-int64_t tb__carry_origin(const struct tb__rate *old, const struct tb__rate *new, int64_t at)
+uint64_t tb__carry(const struct tb__view *old, uint64_t p, uint64_t q, int64_t at)
 {
-	if (old->kind != TB__FINITE || new->kind != TB__FINITE || old->q == 0 ||
-	    old->origin == TB__NO_TIME || at < old->origin)
-		return at;
+	if (!producing(old, at) || p == 0 || q == 0)
+		return 0;
 	u128 rem = fine_units(old, at) % old->q;
-	u128 carry = rem * new->q / ((u128)old->q * new->p);
-	if (carry >= (u128)span(at, TB__NO_TIME + 1))
-		return TB__NO_TIME + 1; /* the time base starts there: carry what fits */
-	return (int64_t)((uint64_t)at - (uint64_t)carry);
+	u128 carry = rem * q / ((u128)old->q * p);
+	u128 room = span(at, TB__NO_TIME + 1);
+	if (carry > room)
+		carry = room; /* the time base starts there: carry what fits */
+	return (uint64_t)(carry * p);
 }

@@ -2,10 +2,15 @@
 /*
  * Life cycle and the writers: rate changes, burst changes and reset.
  * Writers hold tb->writer, so at most one runs at a time; they stay correct
- * while any number of lock-free calls run beside them.  A rate change or a
- * reset publishes a new regime in the spare slot and switches the claim
- * marker to it with one compare-and-swap; claims computed under the old
- * regime then fail and are redone under the new one.
+ * while any number of lock-free calls run beside them.
+ *
+ * A rate change freezes the regime in force (gen odd: production counts up
+ * to frozen_at only), reads the clock again, and publishes the new regime
+ * from there.  A take that used the unfrozen regime recorded its time in
+ * the clock before it looked at gen again (sequentially consistent, both),
+ * so the writer's second read of the clock sees that time: no production is
+ * counted under two regimes, and a take that saw the freeze counts less
+ * than either would.
  */
 #include <errno.h>
 #include <math.h>
@@ -13,26 +18,6 @@
 #include <string.h>
 
 #include "internal.h"
-
-static void store_slot(struct tb__slot *s, const struct tb__rate *r)
-{
-	/* Readers validate against the regime mirror, stored before this (see tb__view). */
-	atomic_thread_fence(memory_order_release);
-	atomic_store_explicit(&s->origin, r->origin, memory_order_relaxed);
-	atomic_store_explicit(&s->p, r->p, memory_order_relaxed);
-	atomic_store_explicit(&s->q, r->q, memory_order_relaxed);
-	atomic_store_explicit(&s->kind, r->kind, memory_order_relaxed);
-}
-
-/* After the marker switched to n: make the mirrors follow. */
-static void publish_regime(struct tokenbucket *tb, const struct tb__marker *n, enum tb__kind kind)
-{
-	atomic_store(&tb->regime, n->regime);
-	atomic_store(&tb->kind, kind);
-	/* Unlimited means full: INF takes nothing, so the bucket stays so. */
-	if (kind == TB__INF)
-		tb__credit(tb, UINT64_MAX, atomic_load(&tb->tail));
-}
 
 static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, uint64_t q,
 		      uint64_t burst, unsigned flags)
@@ -55,16 +40,20 @@ static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, 
 	atomic_init(&tb->head, burst);
 	atomic_init(&tb->ceil, burst);
 	atomic_init(&tb->clock, TB__NO_TIME);
+	atomic_init(&tb->ceiled, TB__NO_TIME);
 	atomic_init(&tb->burst, burst);
-	atomic_init(&tb->threshold, 1);
 	atomic_init(&tb->kind, kind);
 	tb->flags = flags;
-	tb->marker = (struct tb__marker){ TB__NO_TIME, 0 }; /* not yet shared */
-	atomic_init(&tb->regime, 0);
+	atomic_init(&tb->gen, 0);
+	atomic_init(&tb->frozen_at, 0);
+	atomic_init(&tb->threshold, 1);
 	for (int i = 0; i < 2; i++) {
 		atomic_init(&tb->slot[i].origin, TB__NO_TIME);
+		atomic_init(&tb->slot[i].fine0, 0);
 		atomic_init(&tb->slot[i].p, p);
 		atomic_init(&tb->slot[i].q, q);
+		atomic_init(&tb->slot[i].hoff, 0);
+		atomic_init(&tb->slot[i].horizon, tb__horizon(p, q, 0, kind));
 		atomic_init(&tb->slot[i].kind, kind);
 	}
 	*tbp = tb;
@@ -98,35 +87,75 @@ void tokenbucket_free(struct tokenbucket *tb)
 	free(tb);
 }
 
+/* tb__enter for a writer, which holds the lock that normalizing takes. */
+static int64_t writer_enter(struct tokenbucket *tb, int64_t now, struct tb__view *v)
+{
+	int64_t at;
+	for (;;) {
+		tb__view(tb, v);
+		at = tb__observe(tb, now);
+		if (!tb__past_horizon(v, at))
+			break;
+		tb__normalize_locked(tb, at);
+	}
+	if (tb__capped(tb))
+		tb__cap_to_ceil(tb, v, at);
+	return at;
+}
+
 /*
- * Switches to a new rate at the latest time seen, at least now.  Tokens the
- * old rate produced up to that time are credited first.  A claim under the
- * old regime always follows the clock's record of its time, so if the clock
- * still reads "at" when the marker switches, no claim reached beyond "at".
+ * An unlimited rate means full: head rises to burst, and with capped release
+ * no further than ceil.
  */
+static void fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at)
+{
+	uint64_t burst = atomic_load(&tb->burst);
+	uint64_t head = atomic_load(&tb->head);
+	for (;;) {
+		tb__i128 raw = tb__raw_level(v, head, atomic_load(&tb->tail), at);
+		tb__i128 room = (tb__i128)burst - raw;
+		if (tb__capped(tb)) {
+			uint64_t now_head = head + v->hoff + (uint64_t)tb__production(v, at);
+			tb__i128 to_ceil = tb__level(atomic_load(&tb->ceil), now_head);
+			if (to_ceil < room)
+				room = to_ceil;
+		}
+		if (room <= 0 || atomic_compare_exchange_weak(&tb->head, &head, head + (uint64_t)room))
+			return;
+	}
+}
+
+/* Switches to a new rate at the latest time seen, at least now (see the top). */
 static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind, uint64_t p,
 			uint64_t q)
 {
-	int64_t at = tb__observe(tb, now);
-	struct tb__marker m, n;
-	for (;;) {
-		tb__produce(tb, at, 1);
-		m = tb__marker_load(tb);
-		int64_t seen = atomic_load(&tb->clock);
-		if (seen > at) {
-			at = seen;
-			continue;
-		}
-		struct tb__rate old, new = { .origin = at, .p = p, .q = q, .kind = kind };
-		tb__load_slot(&tb->slot[m.regime & 1], &old);
-		if (m.next != TB__NO_TIME)
-			new.origin = tb__carry_origin(&old, &new, at);
-		n = (struct tb__marker){ tb__time_of(&new, at, 1), m.regime + 1 };
-		store_slot(&tb->slot[n.regime & 1], &new);
-		if (tb__marker_cas(tb, &m, n))
-			break;
+	struct tb__view old;
+	int64_t at = writer_enter(tb, now, &old);
+	tb__drop(tb, &old, at, atomic_load(&tb->burst));
+	atomic_store(&tb->frozen_at, at);
+	atomic_store(&tb->gen, old.gen + 1);
+	int64_t seen = atomic_load(&tb->clock);
+	if (seen > at) {
+		/* Takes used the old rate up to seen: it ends there. */
+		at = seen;
+		if (tb__capped(tb))
+			tb__cap_to_ceil(tb, &old, at);
+		tb__drop(tb, &old, at, atomic_load(&tb->burst));
 	}
-	publish_regime(tb, &n, kind);
+	struct tb__view n = {
+		.origin = at,
+		.fine0 = old.kind == TB__FINITE && kind == TB__FINITE ? tb__carry(&old, p, q, at) : 0,
+		.p = p,
+		.q = q,
+		.hoff = old.hoff + (uint64_t)tb__production(&old, at),
+		.kind = kind,
+	};
+	n.horizon = tb__horizon(p, q, n.fine0, kind);
+	tb__publish(tb, &n);
+	if (kind == TB__INF) {
+		n.until = TOKENBUCKET_NEVER;
+		fill(tb, &n, at);
+	}
 }
 
 int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate)
@@ -166,28 +195,23 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 	if (burst > TOKENBUCKET_BURST_MAX)
 		return -ERANGE;
 	pthread_mutex_lock(&tb->writer);
-	tb__advance(tb, now);
+	struct tb__view v;
+	int64_t at = writer_enter(tb, now, &v);
+	/* What lies above the old burst was lost at that burst: a higher one does not bring it back. */
 	uint64_t old = atomic_load(&tb->burst);
+	tb__drop(tb, &v, at, old);
 	atomic_store(&tb->burst, burst);
 	uint64_t max_threshold = burst ? burst : 1;
 	if (atomic_load(&tb->threshold) > max_threshold)
 		atomic_store(&tb->threshold, max_threshold);
 	if (tb__unlimited(tb))
-		tb__credit(tb, UINT64_MAX, atomic_load(&tb->tail));
+		fill(tb, &v, at);
 	/* Tokens above the new burst are dropped by taking them. */
-	uint64_t dropped = 0, tail = atomic_load(&tb->tail);
-	for (;;) {
-		uint64_t head = atomic_load(&tb->head);
-		if (tb__level(head, tail) <= (int64_t)burst)
-			break;
-		if (atomic_compare_exchange_weak(&tb->tail, &tail, head - burst)) {
-			dropped = head - burst - tail;
-			break;
-		}
-	}
+	uint64_t dropped = tb__drop(tb, &v, at, burst);
 	/* Capped release: ceil - tail stays burst minus what is in flight. */
-	if (tb->flags & TOKENBUCKET_CAPPED_RELEASE)
-		atomic_fetch_add(&tb->ceil, burst - old + dropped);
+	if (tb__capped(tb))
+		atomic_fetch_add(&tb->ceil, burst - old);
+	(void)dropped;
 	pthread_mutex_unlock(&tb->writer);
 	return 0;
 }
@@ -208,41 +232,51 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 		pthread_mutex_unlock(&tb->writer);
 		return -EINVAL;
 	}
-	/* Unlimited means full, whatever level was asked for (see publish_regime). */
+	/* Unlimited means full, whatever level was asked for. */
 	if (tb__unlimited(tb))
 		tokens = burst;
-	atomic_store(&tb->clock, now);
-	struct tb__marker m = tb__marker_load(tb), n;
-	for (;;) {
-		struct tb__rate r;
-		tb__load_slot(&tb->slot[m.regime & 1], &r);
-		r.origin = now;
-		n = (struct tb__marker){ tb__time_of(&r, now, 1), m.regime + 1 };
-		store_slot(&tb->slot[n.regime & 1], &r);
-		if (tb__marker_cas(tb, &m, n))
-			break;
-		/* m now holds the marker a concurrent claim left; retry from it. */
-	}
-	publish_regime(tb, &n, (enum tb__kind)atomic_load(&tb->kind));
 	/*
-	 * Set the level by moving a rover forward only, so that concurrent
-	 * takes either see the old state and fail their CAS, or the new one;
-	 * every outstanding ticket ends up covered.
+	 * Freeze the regime at the clock as it stands: production after it is
+	 * forgotten, and takes racing the reset see none.
 	 */
-	uint64_t tail = atomic_load(&tb->tail), head = atomic_load(&tb->head);
+	struct tb__view old;
+	tb__view(tb, &old);
+	int64_t seen = atomic_load(&tb->clock);
+	atomic_store(&tb->frozen_at, seen);
+	atomic_store(&tb->gen, old.gen + 1);
+	old.until = seen;
+	atomic_store(&tb->clock, now);
+	/*
+	 * Set the level by moving a rover forward only: the tail up if the
+	 * bucket holds more than tokens, else the head (the new hoff).  Either
+	 * way every outstanding ticket ends up covered.
+	 */
+	uint64_t tail = atomic_load(&tb->tail), head;
 	for (;;) {
-		if (tb__level(head, tail) <= (int64_t)tokens) {
-			if (atomic_compare_exchange_weak(&tb->head, &head, tail + tokens))
-				break;
-			tail = atomic_load(&tb->tail);
-		} else {
-			if (atomic_compare_exchange_weak(&tb->tail, &tail, head - tokens))
-				break;
-			head = atomic_load(&tb->head);
+		head = atomic_load(&tb->head);
+		int64_t level = tb__capped_level(tb__raw_level(&old, head, tail, seen), burst);
+		if (level <= (int64_t)tokens)
+			break;
+		uint64_t down = tail + (uint64_t)(level - (int64_t)tokens);
+		if (atomic_compare_exchange_weak(&tb->tail, &tail, down)) {
+			tail = down;
+			break;
 		}
 	}
-	if (tb->flags & TOKENBUCKET_CAPPED_RELEASE)
+	struct tb__view n = {
+		.origin = now,
+		.fine0 = 0,
+		.p = old.p,
+		.q = old.q,
+		.hoff = tail + tokens - head,
+		.kind = old.kind,
+	};
+	n.horizon = tb__horizon(n.p, n.q, 0, n.kind);
+	tb__publish(tb, &n);
+	if (tb__capped(tb)) {
 		atomic_store(&tb->ceil, atomic_load(&tb->tail) + burst);
+		atomic_store(&tb->ceiled, now);
+	}
 	pthread_mutex_unlock(&tb->writer);
 	return 0;
 }
@@ -251,10 +285,9 @@ double tokenbucket_rate(const struct tokenbucket *tb)
 {
 	if (tb == NULL)
 		return NAN;
-	struct tb__rate r;
-	struct tb__marker m;
-	tb__view(tb, &r, &m);
-	return tb__rate_value(&r);
+	struct tb__view v;
+	tb__view(tb, &v);
+	return tb__rate_value(&v);
 }
 
 uint64_t tokenbucket_burst(const struct tokenbucket *tb)

@@ -1,38 +1,39 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The rover core both faces share: the clock, the production claim, and the
- * moves of head and ceil.  Every function here is lock-free and may run in
- * any number of threads at once; each retry of a loop means another thread
- * changed the word first, so some thread always makes progress.
+ * The rover core both faces share: the clock, the view of the regime in
+ * force, and the moves of head and ceil.  Every function here except
+ * tb__normalize is lock-free and may run in any number of threads at once;
+ * each retry of a loop means another thread changed the word first, so some
+ * thread always makes progress.
  *
- * Read-modify-writes are sequentially consistent (on x86-64 every locked
- * instruction is anyway); loads that only pick a starting value for a CAS
- * are relaxed, since the CAS checks them.
+ * Read-modify-writes and the loads of clock and gen are sequentially
+ * consistent (on x86-64 the loads are plain moves); loads that only seed a
+ * CAS are relaxed, since the CAS checks them.
  */
 #include "internal.h"
 
-void tb__load_slot(const struct tb__slot *s, struct tb__rate *r)
+void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
 {
-	r->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
-	r->p = atomic_load_explicit(&s->p, memory_order_relaxed);
-	r->q = atomic_load_explicit(&s->q, memory_order_relaxed);
-	r->kind = (enum tb__kind)atomic_load_explicit(&s->kind, memory_order_relaxed);
-	/* A slot read while a writer refills it may mix two regimes; make it inert. */
-	if (r->kind == TB__FINITE && (r->p == 0 || r->q == 0))
-		r->kind = TB__ZERO;
+	uint64_t gen = atomic_load_explicit(&tb->gen, memory_order_relaxed);
+	uint64_t next = (gen | 1) + 1; /* the next even gen: a new regime */
+	struct tb__slot *s = &tb->slot[(next >> 1) & 1];
+	/* The slot held the regime two back; its readers validate against gen. */
+	atomic_store_explicit(&s->origin, n->origin, memory_order_relaxed);
+	atomic_store_explicit(&s->fine0, n->fine0, memory_order_relaxed);
+	atomic_store_explicit(&s->p, n->p, memory_order_relaxed);
+	atomic_store_explicit(&s->q, n->q, memory_order_relaxed);
+	atomic_store_explicit(&s->hoff, n->hoff, memory_order_relaxed);
+	atomic_store_explicit(&s->horizon, n->horizon, memory_order_relaxed);
+	atomic_store_explicit(&s->kind, n->kind, memory_order_relaxed);
+	atomic_store(&tb->gen, next);
+	atomic_store_explicit(&tb->kind, n->kind, memory_order_relaxed);
 }
 
 /* The first caller that passes a time fixes the origin of regime 0. */
 static void fix_origin(struct tokenbucket *tb, int64_t now)
 {
-	struct tb__slot *s = &tb->slot[0];
 	int64_t unset = TB__NO_TIME;
-	if (!atomic_compare_exchange_strong(&s->origin, &unset, now))
-		return; /* a writer started a regime of its own first */
-	struct tb__rate r;
-	tb__load_slot(s, &r);
-	struct tb__marker m = { TB__NO_TIME, 0 };
-	tb__marker_cas(tb, &m, (struct tb__marker){ tb__time_of(&r, now, 1), 0 });
+	atomic_compare_exchange_strong(&tb->slot[0].origin, &unset, now);
 }
 
 int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen)
@@ -47,77 +48,126 @@ int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen)
 	return seen;
 }
 
-void tb__view(const struct tokenbucket *tb, struct tb__rate *r, struct tb__marker *m)
+uint64_t tb__drop(struct tokenbucket *tb, const struct tb__view *v, int64_t at, uint64_t burst)
 {
+	uint64_t tail = atomic_load(&tb->tail);
 	for (;;) {
-		*m = tb__marker_load(tb);
-		tb__load_slot(&tb->slot[m->regime & 1], r);
-		/*
-		 * The slot of regime e is rewritten only for regime e + 2, after
-		 * the mirror showed e + 1.  If it still shows at most e after our
-		 * reads, they were of regime e.
-		 */
-		atomic_thread_fence(memory_order_acquire);
-		if (atomic_load_explicit(&tb->regime, memory_order_relaxed) <= m->regime)
-			return;
-	}
-}
-
-uint64_t tb__credit(struct tokenbucket *tb, uint64_t k, uint64_t tail_before)
-{
-	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	bool capped = tb->flags & TOKENBUCKET_CAPPED_RELEASE;
-	uint64_t head = atomic_load_explicit(&tb->head, memory_order_relaxed);
-	for (;;) {
-		/*
-		 * Room is measured against the tail as it was before the claim:
-		 * tokens taken since were decided without this credit, so they must
-		 * not make room for it.  Under a race this loses tokens, never
-		 * invents them.
-		 */
-		int64_t room = (int64_t)burst - tb__level(head, tail_before);
-		if (capped) {
-			int64_t to_ceil = tb__level(atomic_load(&tb->ceil), head);
-			if (to_ceil < room)
-				room = to_ceil;
+		int64_t level;
+		uint64_t base = tb__take_base(v, atomic_load(&tb->head), tail, burst, at, &level);
+		if (base == tail)
+			return 0;
+		if (atomic_compare_exchange_weak(&tb->tail, &tail, base)) {
+			/* Dropped tokens are not in flight: ceil - tail stays what it was. */
+			if (tb__capped(tb))
+				atomic_fetch_add(&tb->ceil, base - tail);
+			return base - tail;
 		}
-		if (room <= 0)
-			return 0;
-		uint64_t add = k < (uint64_t)room ? k : (uint64_t)room;
-		if (atomic_compare_exchange_weak(&tb->head, &head, head + add))
-			return add;
 	}
 }
 
-uint64_t tb__produce(struct tokenbucket *tb, int64_t now, uint64_t threshold)
+/*
+ * The regime restarts at "at" with the fraction made so far as fine0: P
+ * shifts by P(at) tokens and hoff takes them over, so the head is the same
+ * function of time and production starts again from 0.  What lies above
+ * burst at "at" is dropped first, as a take would drop it.  A reader that
+ * sees the dropped tail also sees the clock at "at" (the drop comes after
+ * it), which is past the old horizon, so it comes here and waits for the
+ * lock instead of using the old view with the new tail.
+ */
+void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 {
-	/*
-	 * Seeded from two half-loads rather than a 16-byte load (which is itself
-	 * a locked CAS).  next is read again after regime: if it did not move,
-	 * the pair was the marker's value at the second read of next, so a
-	 * "nothing to claim" below is an answer about a real state.  A failed CAS
-	 * hands back the current marker, read atomically.
-	 */
-	struct tb__marker m = tb__marker_peek(tb);
-	while (m.next != tb__marker_next(tb))
-		m = tb__marker_peek(tb);
-	for (;;) {
-		if (m.next == TB__NO_TIME || now < m.next)
-			return 0;
-		struct tb__rate r;
-		tb__load_slot(&tb->slot[m.regime & 1], &r);
-		struct tb__marker n = { .regime = m.regime };
-		uint64_t k = tb__claimable(&r, m.next - 1, now, &n.next);
-		if (k == 0 || k < threshold)
-			return 0;
-		/* A claim up to now must follow the clock's record of now (see set_rate). */
-		tb__observe(tb, now);
+	struct tb__view v;
+	tb__view(tb, &v);
+	if ((v.gen & 1) || !tb__past_horizon(&v, at))
+		return;
+	uint64_t burst = atomic_load(&tb->burst), lost = 0;
+	if (tb__capped(tb) && tb__cap_to_ceil(tb, &v, at)) {
+		/*
+		 * The head at "at" is ceil now, but head + hoff - tail no longer
+		 * fits until hoff takes P(at) below: drop from ceil directly.
+		 */
 		uint64_t tail = atomic_load(&tb->tail);
-		if (!tb__marker_cas(tb, &m, n))
-			continue; /* another claim, or a new regime: look again from m */
-		tb__credit(tb, k, tail);
-		return k;
+		for (;;) {
+			int64_t excess = tb__level(atomic_load(&tb->ceil), tail) - (int64_t)burst;
+			if (excess <= 0)
+				break;
+			if (atomic_compare_exchange_weak(&tb->tail, &tail, tail + (uint64_t)excess)) {
+				atomic_fetch_add(&tb->ceil, (uint64_t)excess);
+				break;
+			}
+		}
+	} else {
+		/*
+		 * Past the horizon the excess may be anything up to 2^128: the
+		 * tail moves up by at most TB__DROP_MOST, so that older tickets
+		 * stay comparable, and hoff loses the rest.
+		 */
+		uint64_t tail = atomic_load(&tb->tail);
+		for (;;) {
+			uint64_t head = atomic_load(&tb->head);
+			tb__i128 excess = tb__raw_level(&v, head, tail, at) - (tb__i128)burst;
+			if (excess <= 0)
+				break;
+			uint64_t moved = excess < (tb__i128)TB__DROP_MOST ? (uint64_t)excess
+									 : TB__DROP_MOST;
+			if (atomic_compare_exchange_weak(&tb->tail, &tail, tail + moved)) {
+				lost = tb__head_at(&v, head, at) - burst - tail - moved;
+				break;
+			}
+		}
 	}
+	struct tb__view n = v;
+	n.origin = at;
+	n.fine0 = tb__remainder(&v, at);
+	n.hoff = v.hoff + (uint64_t)tb__production(&v, at) - lost;
+	n.horizon = tb__horizon(n.p, n.q, n.fine0, n.kind);
+	tb__publish(tb, &n);
+}
+
+void tb__normalize(struct tokenbucket *tb, int64_t at)
+{
+	pthread_mutex_lock(&tb->writer);
+	tb__normalize_locked(tb, at);
+	pthread_mutex_unlock(&tb->writer);
+}
+
+bool tb__cap_to_ceil(struct tokenbucket *tb, const struct tb__view *v, int64_t t)
+{
+	int64_t from = atomic_load(&tb->ceiled);
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_relaxed);
+	bool lowered = false;
+	while (from < t) {
+		/*
+		 * Production since "from" that would lift the head at t above
+		 * ceil is lost; a head already above ceil (a burst lowered below
+		 * what is in flight) keeps what it had.  How far the head is
+		 * above ceil does not depend on the tail.
+		 */
+		uint64_t tail = atomic_load(&tb->tail);
+		uint64_t ceil = atomic_load(&tb->ceil);
+		tb__i128 over = tb__raw_level(v, head, tail, t) - (tb__i128)tb__level(ceil, tail);
+		if (over > 0) {
+			/* over > made, the production since from, exactly when this is > 0. */
+			tb__i128 rest = (tb__i128)tb__level(head + v->hoff, tail) -
+					(tb__i128)tb__level(ceil, tail) + tb__sat(tb__production(v, from));
+			uint64_t cut = rest > 0 ? (uint64_t)(tb__production(v, t) - tb__production(v, from))
+						: tb__head_at(v, head, t) - ceil;
+			if (!atomic_compare_exchange_weak(&tb->head, &head, head - cut))
+				continue;
+			lowered = true;
+		}
+		if (atomic_compare_exchange_weak(&tb->ceiled, &from, t))
+			break;
+	}
+	return lowered;
+}
+
+void tb__enter_slow(struct tokenbucket *tb, const struct tb__view *v, int64_t at, bool drop)
+{
+	if (tb__capped(tb))
+		tb__cap_to_ceil(tb, v, at);
+	if (drop)
+		tb__drop(tb, v, at, atomic_load_explicit(&tb->burst, memory_order_relaxed));
 }
 
 /* Raises ceil by up to n, never past tail + burst (nothing can be in flight beyond that). */
@@ -142,15 +192,20 @@ uint64_t tb__give_back(struct tokenbucket *tb, uint64_t n)
 	uint64_t head = atomic_load_explicit(&tb->head, memory_order_relaxed);
 	uint64_t add;
 	for (;;) {
-		int64_t room = (int64_t)burst - tb__level(head, atomic_load(&tb->tail));
+		/* The level at the clock: the room under burst is measured there. */
+		struct tb__view v;
+		tb__view(tb, &v);
+		int64_t at = atomic_load(&tb->clock);
+		tb__i128 raw = tb__raw_level(&v, head, atomic_load(&tb->tail), at);
+		tb__i128 room = (tb__i128)burst - raw;
 		if (room <= 0 || n == 0)
 			return 0;
-		add = n < (uint64_t)room ? n : (uint64_t)room;
+		add = (tb__i128)n < room ? n : (uint64_t)room;
 		if (atomic_compare_exchange_weak(&tb->head, &head, head + add))
 			break;
 	}
 	/* Given-back tokens are no longer in flight: keep head <= ceil. */
-	if (tb->flags & TOKENBUCKET_CAPPED_RELEASE)
+	if (tb__capped(tb))
 		tb__raise_ceil(tb, add);
 	return add;
 }

@@ -1,26 +1,42 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The Seastar face: grab a ticket, wait until it is covered, replenish from a
- * timer, release on completion.  Replenishment happens only when asked.
- * All functions are lock-free and may run in any number of threads at once.
+ * timer, release on completion.  The head counts production up to the clock;
+ * replenish moves the clock only once threshold tokens are there.  All
+ * functions are lock-free and may run in any number of threads at once.
  */
 #include <errno.h>
 
 #include "internal.h"
 
+/* The view at the clock, normalized first if the clock passed its horizon. */
+static int64_t view_at_clock(struct tokenbucket *tb, struct tb__view *v)
+{
+	for (;;) {
+		tb__view(tb, v);
+		int64_t at = atomic_load(&tb->clock);
+		if (!tb__past_horizon(v, at))
+			return at;
+		tb__normalize(tb, at);
+	}
+}
+
 uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 {
 	if (tb == NULL)
 		return 0;
-	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_relaxed);
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 	if (tb__unlimited(tb))
 		return tail;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	struct tb__view v;
+	int64_t at = view_at_clock(tb, &v);
 	for (;;) {
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-		uint64_t base = tb__take_base(head, tail, burst);
+		int64_t level;
+		uint64_t base = tb__take_base(&v, head, tail, burst, at, &level);
 		/* The most this grab may take before the debt passes TOKENBUCKET_DEBT_MAX. */
-		int64_t most = tb__level(head, base) + (int64_t)TOKENBUCKET_DEBT_MAX;
+		int64_t most = level + (int64_t)TOKENBUCKET_DEBT_MAX;
 		uint64_t take = most <= 0 ? 0 : n < (uint64_t)most ? n : (uint64_t)most;
 		if (atomic_compare_exchange_weak(&tb->tail, &tail, base + take))
 			return base + take;
@@ -31,8 +47,26 @@ uint64_t tokenbucket_deficiency(const struct tokenbucket *tb, uint64_t ticket)
 {
 	if (tb == NULL)
 		return 0;
-	int64_t missing =
-		tb__level(ticket, atomic_load_explicit(&tb->head, memory_order_acquire));
+	/*
+	 * The head at the clock, no more than burst above the tail: what lies
+	 * beyond is dropped by the next take, and covers no ticket.  The tail
+	 * is read again so that head, tail and view belong together.
+	 */
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	int64_t level;
+	for (;;) {
+		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+		struct tb__view v;
+		tb__view(tb, &v);
+		int64_t at = atomic_load(&tb->clock);
+		level = tb__capped_level(tb__raw_level(&v, head, tail, at), burst);
+		uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
+		if (again == tail)
+			break;
+		tail = again;
+	}
+	int64_t missing = tb__level(ticket, tail + (uint64_t)level);
 	return missing > 0 ? (uint64_t)missing : 0;
 }
 
@@ -41,20 +75,34 @@ void tokenbucket_replenish(struct tokenbucket *tb, int64_t now)
 	if (tb == NULL)
 		return;
 	now = tb__time(now);
-	if (atomic_load_explicit(&tb->clock, memory_order_relaxed) == TB__NO_TIME) {
+	int64_t seen = atomic_load(&tb->clock);
+	if (seen == TB__NO_TIME) {
 		tb__observe(tb, now); /* the first time passed fixes the clock */
 		return;
 	}
-	if (now < tb__marker_next(tb))
+	if (now <= seen)
 		return;
-	tb__produce(tb, now, atomic_load_explicit(&tb->threshold, memory_order_relaxed));
+	/* Credit (move the clock) only once threshold tokens are made since it. */
+	uint64_t threshold = atomic_load_explicit(&tb->threshold, memory_order_relaxed);
+	struct tb__view v;
+	for (;;) {
+		tb__view(tb, &v);
+		if (tb__past_horizon(&v, now))
+			break; /* as many as that are there: credit */
+		tb__u128 made = tb__production(&v, now) - tb__production(&v, seen);
+		if (made == 0 || made < threshold)
+			return;
+		break;
+	}
+	int64_t at;
+	tb__enter(tb, now, &v, &at, true);
 }
 
 int tokenbucket_release(struct tokenbucket *tb, uint64_t n)
 {
 	if (tb == NULL)
 		return -EINVAL;
-	if (!(tb->flags & TOKENBUCKET_CAPPED_RELEASE))
+	if (!tb__capped(tb))
 		return -ENOTSUP;
 	if (n > atomic_load_explicit(&tb->burst, memory_order_relaxed))
 		return -EINVAL;
@@ -73,10 +121,9 @@ int64_t tokenbucket_duration_for(const struct tokenbucket *tb, uint64_t tokens)
 {
 	if (tb == NULL)
 		return TOKENBUCKET_NEVER;
-	struct tb__rate r;
-	struct tb__marker m;
-	tb__view(tb, &r, &m);
-	return tb__duration(&r, tokens);
+	struct tb__view v;
+	tb__view(tb, &v);
+	return tb__duration(&v, tokens);
 }
 
 /* A writer: under tb->writer, so that a set_burst lowering the burst cannot

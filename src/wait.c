@@ -110,7 +110,9 @@ static int sleep_until_covered(struct tokenbucket *tb, struct tokenbucket_reserv
 		int err = sleep_until(r->time_to_act, cancel_fd);
 		if (err)
 			return give_back(tb, r, err);
-		int64_t now = tb__advance(tb, tb__now());
+		struct tb__view v;
+		int64_t now;
+		tb__enter(tb, tb__now(), &v, &now, true);
 		uint64_t missing = tokenbucket_deficiency(tb, r->ticket);
 		if (missing == 0)
 			return 0;

@@ -16,7 +16,7 @@ CC=${CC:-cc}
 $CC -std=gnu11 -O1 -D_GNU_SOURCE -DFUZZ_REPLAY_MAIN -I"$top/include" -I"$top/src" \
 	$(pkg-config --cflags libbsd 2>/dev/null || true) \
 	-o "$build/fuzz_replay" "$here/fuzz_tokenbucket.c" "$here/model.c" "$top"/src/*.c \
-	-latomic -lm -lpthread
+	-lm -lpthread
 rm -f "$here"/corpus/seed-*
 mkdir -p "$here/corpus"
 "$build/fuzz_replay" --make-seeds "$here/corpus"

@@ -87,8 +87,40 @@ static int64_t observe(struct model *m, int64_t now)
 	return m->clock;
 }
 
-/* Adds up to k tokens to head: within burst, and within ceil when capped. */
+#define DROP_MOST (UINT64_C(1) << 61)
+
+/*
+ * Credits k produced tokens: what ceil holds back (capped) is lost; what lies
+ * beyond burst is dropped by moving tail and ceil up with the head.
+ */
 static void credit(struct model *m, u128 k)
+{
+	if (capped(m)) {
+		int64_t to_ceil = (int64_t)(m->ceil - m->head);
+		if (to_ceil <= 0)
+			return;
+		if (k > (u128)to_ceil)
+			k = (u128)to_ceil;
+	}
+	u128 room = (u128)((i128)m->burst - level(m)); /* level <= burst */
+	if (k <= room) {
+		m->head += (uint64_t)k;
+		return;
+	}
+	/*
+	 * The rovers move up by at most 2^61 for a drop, so that older tickets
+	 * stay comparable; more than that is lost without moving them.
+	 */
+	u128 d = k - room;
+	uint64_t moved = d < DROP_MOST ? (uint64_t)d : DROP_MOST;
+	m->head += (uint64_t)room + moved;
+	m->tail += moved;
+	if (capped(m))
+		m->ceil += moved;
+}
+
+/* An unlimited rate fills the bucket: head up to burst, and capped, to ceil. */
+static void fill(struct model *m)
 {
 	i128 room = (i128)m->burst - level(m);
 	if (capped(m)) {
@@ -96,10 +128,8 @@ static void credit(struct model *m, u128 k)
 		if (to_ceil < room)
 			room = to_ceil;
 	}
-	if (room <= 0)
-		return;
-	u128 add = k < (u128)room ? k : (u128)room;
-	m->head += (uint64_t)add;
+	if (room > 0)
+		m->head += (uint64_t)room;
 }
 
 /* Claims what is produced up to t if it is at least threshold tokens. */
@@ -436,7 +466,7 @@ static void change_rate(struct model *m, int64_t now, enum model_kind kind, uint
 	}
 	start_regime(m, at, kind, p, q, fine0);
 	if (kind == MODEL_INF)
-		credit(m, (u128)UINT64_MAX); /* an unlimited rate fills the bucket */
+		fill(m);
 }
 
 int model_set_rate_at(struct model *m, int64_t now, double rate)
@@ -477,7 +507,7 @@ int model_set_burst_at(struct model *m, int64_t now, uint64_t burst)
 	if (m->threshold > most)
 		m->threshold = most;
 	if (m->kind == MODEL_INF)
-		credit(m, (u128)UINT64_MAX); /* always full at an unlimited rate */
+		fill(m); /* always full at an unlimited rate */
 	uint64_t dropped = 0;
 	if (level(m) > (int64_t)burst) {
 		dropped = (uint64_t)level(m) - burst;

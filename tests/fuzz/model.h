@@ -36,7 +36,11 @@ struct model {
 	int64_t clock;   /* the latest time seen */
 	int64_t claimed; /* production up to this time has been claimed */
 
-	/* Rovers, modulo 2^64 as documented: level = head - tail. */
+	/*
+	 * Rovers, modulo 2^64 as documented: level = head - tail <= burst.
+	 * Tokens credited beyond burst are dropped by moving the tail (and,
+	 * capped, ceil) up by as much, as the library's takes do.
+	 */
 	uint64_t tail, head, ceil;
 	uint64_t burst, threshold;
 	unsigned flags;

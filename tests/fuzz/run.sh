@@ -19,17 +19,15 @@ seconds=${FUZZ_SECONDS:-60}
 CC=${CC:-clang}
 
 bsd_cflags=$(pkg-config --cflags libbsd 2>/dev/null || true)
-# The 16-byte claim marker is an _Atomic struct; clang warns that its
-# operations go through libatomic, which is intended (docs/DESIGN.md).
 cflags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$top/include -I$top/src $bsd_cflags
-	-Wall -Wextra -Wno-atomic-alignment
+	-Wall -Wextra
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all ${FUZZ_CFLAGS:-}"
 
 echo "building $build/fuzz_tokenbucket with $CC"
 # shellcheck disable=SC2086
 $CC $cflags -o "$build/fuzz_tokenbucket" \
 	"$here/fuzz_tokenbucket.c" "$here/model.c" "$top"/src/*.c \
-	-latomic -lm -lpthread
+	-lm -lpthread
 
 # Fuzz on a copy, so that what libFuzzer adds stays out of the source tree.
 rm -rf "$build/corpus" "$build/artifacts"
