@@ -21,8 +21,13 @@
  *  - Every function except tokenbucket_set_* and tokenbucket_reset_at is
  *    lock-free and may be called from any number of threads at once.  The
  *    set_* and reset_at functions serialise among themselves with a lock and
- *    are safe to call concurrently with everything else.  A reservation
- *    belongs to one thread at a time; tokenbucket_free must not race anything.
+ *    are safe to call concurrently with everything else.  One exception, at
+ *    extreme rates: once the rate in force has produced 2^61 tokens since it
+ *    was set, reset or last normalized (at 1e15 tokens/s every 38 minutes;
+ *    above about 2^61 tokens per ns at every call that moves the clock), the
+ *    next call that passes a time, or grab, normalizes the bucket under that
+ *    lock and may wait for it.  A reservation belongs to one thread at a
+ *    time; tokenbucket_free must not race anything.
  *
  * See tokenbucket(7) and docs/DESIGN.md for the model.
  */

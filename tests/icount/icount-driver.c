@@ -5,7 +5,7 @@
  *
  * usage: icount-driver WORKLOAD CALLS
  *   allow_at        allow_at(t, 1), t += 100 ns; rate 1 token per 1000 ns,
- *                   so every tenth call claims a token (both paths counted)
+ *                   so every tenth call finds a new token (both paths counted)
  *   grab            grab(1)
  *   reserve_cancel  reserve_at(t, 1) then cancel_at(t), t += 100 ns
  */

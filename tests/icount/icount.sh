@@ -4,7 +4,7 @@
 # usage: icount.sh DRIVER BASELINE [--print]
 #
 # Counts, with valgrind --tool=callgrind, the instructions one call of each
-# hot path executes (inclusive of what it calls, libatomic included), and
+# hot path executes (inclusive of what it calls), and
 # fails if any exceeds its figure in BASELINE (bench/BASELINE.md) by more
 # than 10%.  A count, not a time: the same binary gives the same count on a
 # busy machine.  --print shows the counts without comparing (to refresh the
