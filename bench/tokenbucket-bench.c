@@ -218,6 +218,12 @@ static void setup_claim(struct ctx *c)
 	c->tb[1] = c->tb[0];
 }
 
+/* A byte rate through the clock: 1e15 per second, so every call finds new tokens. */
+static void setup_fast(struct ctx *c)
+{
+	c->tb[0] = c->tb[1] = bucket(1e15, 1000);
+}
+
 /* Empty, and the next token a second away: every call is refused. */
 static void setup_empty(struct ctx *c)
 {
@@ -294,8 +300,11 @@ static struct metric metrics[] = {
 	METRIC("deficiency", "cas", 0, setup_ticket, loop_deficiency, NONE),
 	METRIC("replenish", "cas", 0, setup_replenish, loop_replenish, ALL),
 	METRIC("reserve_cancel", "cas", 0, setup_full, loop_reserve_cancel, ALL),
+	METRIC("allow_claim", "clock_cas", 0, setup_fast, loop_allow, ALL),
 	METRIC("allow_2t", "cas_2t", 2, setup_full, loop_allow, ALL),
 	METRIC("allow_4t", "cas_4t", 4, setup_full, loop_allow, ALL),
+	METRIC("allow_2t_claim", "cas_2t", 2, setup_fast, loop_allow, ALL),
+	METRIC("allow_4t_claim", "cas_4t", 4, setup_fast, loop_allow, ALL),
 	METRIC("grab_2t", "cas_2t", 2, setup_full, loop_grab, ANY),
 	METRIC("grab_4t", "cas_4t", 4, setup_full, loop_grab, ANY),
 	METRIC("allow_at_2b", "allow_at", 2, setup_full_2b, loop_allow_at, ALL),

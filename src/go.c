@@ -27,9 +27,8 @@ bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 		return true;
 	for (;;) {
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-		int64_t level;
-		uint64_t base = tb__take_base(&v, head, tail, burst, at, &level);
-		if (level < (int64_t)n) {
+		uint64_t base;
+		if (!tb__take_fast(&v, head, tail, burst, at, n, &base)) {
 			/* Only a level read with the tail it belongs to refuses. */
 			uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
 			if (again == tail)
@@ -73,8 +72,12 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 	}
 	for (;;) {
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-		int64_t level;
-		uint64_t after = tb__take_base(&v, head, tail, burst, at, &level) + n;
+		int64_t level = (int64_t)n;
+		uint64_t base;
+		/* The exact level (a division) is needed only in debt. */
+		if (!tb__take_fast(&v, head, tail, burst, at, n, &base))
+			base = tb__take_base(&v, head, tail, burst, at, &level);
+		uint64_t after = base + n;
 		int64_t debt = (int64_t)n - level;
 		int64_t act = at, wait = 0;
 		int err = 0;
@@ -147,7 +150,7 @@ void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservatio
 	tb__enter(tb, now, &v, &at, true);
 	if (at > r->time_to_act)
 		return; /* too late: the tokens were used */
-	tb__give_back(tb, n);
+	tb__give_back(tb, &v, at, n);
 }
 
 void tokenbucket_cancel(struct tokenbucket *tb, struct tokenbucket_reservation *r)

@@ -57,7 +57,7 @@ struct tb__slot {
 	_Atomic uint64_t p;       /* tokens per period; 0 for ZERO */
 	_Atomic uint64_t q;       /* period in ns; 0 for INF */
 	_Atomic uint64_t hoff;    /* head offset: the head is head + hoff + P(t), mod 2^64 */
-	_Atomic int64_t horizon;  /* P(t) < TB__ANCHOR for t - origin < horizon (ns) */
+	_Atomic int64_t limit;    /* P(t) < TB__ANCHOR for t < limit; INT64_MIN until origin is fixed */
 	_Atomic uint32_t kind;    /* enum tb__kind */
 };
 
@@ -68,7 +68,7 @@ struct tb__view {
 	uint64_t fine0;
 	uint64_t p, q;
 	uint64_t hoff;
-	int64_t horizon;
+	int64_t limit;
 	enum tb__kind kind;
 	int64_t until;     /* production counts up to this time only (a rate change runs) */
 };
@@ -127,8 +127,8 @@ double tb__rate_value(const struct tb__view *v);
 uint64_t tb__carry(const struct tb__view *old, uint64_t p, uint64_t q, int64_t at);
 /* The fraction made at t, in 1/q tokens (fine0 of a regime that starts at t). */
 uint64_t tb__remainder(const struct tb__view *v, int64_t t);
-/* How long after its origin a regime may run before it must be normalized. */
-int64_t tb__horizon(uint64_t p, uint64_t q, uint64_t fine0, enum tb__kind kind);
+/* Until when a regime may run before it must be normalized (INT64_MAX: for ever). */
+int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0);
 
 /* ---- rovers.c: the shared core ------------------------------------------- */
 
@@ -152,8 +152,8 @@ uint64_t tb__drop(struct tokenbucket *tb, const struct tb__view *v, int64_t at, 
 bool tb__cap_to_ceil(struct tokenbucket *tb, const struct tb__view *v, int64_t t);
 /* Raises ceil by up to n, never past tail + burst; returns how much. */
 uint64_t tb__raise_ceil(struct tokenbucket *tb, uint64_t n);
-/* Gives n tokens back (refund, cancel) within burst at the clock; returns how many fitted. */
-uint64_t tb__give_back(struct tokenbucket *tb, uint64_t n);
+/* Gives n tokens back (refund, cancel) within burst at t, under view v; returns how many fitted. */
+uint64_t tb__give_back(struct tokenbucket *tb, const struct tb__view *v, int64_t t, uint64_t n);
 
 /* Production since the origin in 1/q tokens: (t - origin) * p + fine0. */
 static inline tb__u128 tb__fine_units(const struct tb__view *v, int64_t t)
@@ -161,21 +161,24 @@ static inline tb__u128 tb__fine_units(const struct tb__view *v, int64_t t)
 	return (tb__u128)((uint64_t)t - (uint64_t)v->origin) * v->p + v->fine0;
 }
 
-/* A finite regime whose origin is fixed, at a time not before it. */
+/* A producing regime (writers store p = 0, q = 1 otherwise) at a time not before its origin. */
 static inline bool tb__producing(const struct tb__view *v, int64_t t)
 {
-	return v->kind == TB__FINITE && v->p != 0 && v->q != 0 && v->origin != TB__NO_TIME &&
-	       t >= v->origin;
+	return v->p != 0 && v->origin != TB__NO_TIME && t >= v->origin;
+}
+
+/* F(min(t, until)), 0 where nothing is produced. */
+static inline tb__u128 tb__fine_at(const struct tb__view *v, int64_t t)
+{
+	if (t > v->until)
+		t = v->until;
+	return tb__producing(v, t) ? tb__fine_units(v, t) : 0;
 }
 
 /* P(t): whole tokens produced from the origin to t (frozen at v->until), exactly. */
 static inline tb__u128 tb__production(const struct tb__view *v, int64_t t)
 {
-	if (t > v->until)
-		t = v->until;
-	if (!tb__producing(v, t))
-		return 0;
-	tb__u128 f = tb__fine_units(v, t);
+	tb__u128 f = tb__fine_at(v, t);
 	if (v->q == 1)
 		return f;
 	if ((f >> 64) == 0)
@@ -194,7 +197,7 @@ static inline void tb__view(const struct tokenbucket *tb, struct tb__view *v)
 		v->p = atomic_load_explicit(&s->p, memory_order_relaxed);
 		v->q = atomic_load_explicit(&s->q, memory_order_relaxed);
 		v->hoff = atomic_load_explicit(&s->hoff, memory_order_relaxed);
-		v->horizon = atomic_load_explicit(&s->horizon, memory_order_relaxed);
+		v->limit = atomic_load_explicit(&s->limit, memory_order_relaxed);
 		v->kind = (enum tb__kind)atomic_load_explicit(&s->kind, memory_order_relaxed);
 		v->until = gen & 1 ? atomic_load_explicit(&tb->frozen_at, memory_order_relaxed)
 				   : TOKENBUCKET_NEVER;
@@ -258,10 +261,13 @@ static inline int64_t tb__level(uint64_t head, uint64_t tail)
 	return (int64_t)(head - tail);
 }
 
-/* Whether t lies past the view's horizon, where production may be too large to use. */
+/*
+ * Whether t lies past the view's horizon, where production may be too large
+ * to use (or the origin is not fixed yet: limit is INT64_MIN until it is).
+ */
 static inline bool tb__past_horizon(const struct tb__view *v, int64_t t)
 {
-	return t > v->origin && (uint64_t)t - (uint64_t)v->origin >= (uint64_t)v->horizon;
+	return t >= v->limit;
 }
 
 /*
@@ -271,32 +277,53 @@ static inline bool tb__past_horizon(const struct tb__view *v, int64_t t)
  * (unless the caller is a take that drops it in its own compare-and-swap).
  * The regime is read again after the clock: if a writer froze or changed it
  * meanwhile, the view is taken again.  A time past the horizon normalizes
- * the bucket first.
+ * the bucket first.  The usual case is inline; the rest is tb__enter_slow.
  */
-void tb__enter_slow(struct tokenbucket *tb, const struct tb__view *v, int64_t at, bool drop);
+void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
+		    bool drop);
 
-static inline void tb__enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
-			     bool drop)
+/* Whether the bucket holds more than burst at t (no division). */
+static inline bool tb__over_burst(const struct tokenbucket *tb, const struct tb__view *v, int64_t t)
+{
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	int64_t e = tb__level(atomic_load(&tb->head) + v->hoff, atomic_load(&tb->tail));
+	return e > (int64_t)burst || tb__fine_at(v, t) >= (tb__u128)(burst + 1 - (uint64_t)e) * v->q;
+}
+
+static inline __attribute__((always_inline)) void
+tb__enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at, bool drop)
+{
+	tb__view(tb, v);
+	now = tb__time(now);
+	int64_t seen = atomic_load(&tb->clock);
+	if (now > seen) {
+		if (seen == TB__NO_TIME || !atomic_compare_exchange_strong(&tb->clock, &seen, now))
+			goto slow;
+		seen = now;
+	}
+	if (__builtin_expect(atomic_load(&tb->gen) != v->gen || tb__past_horizon(v, seen) ||
+				     tb__capped(tb),
+			     0))
+		goto slow;
+	*at = seen;
+	if (drop && tb__over_burst(tb, v, seen))
+		tb__drop(tb, v, seen, atomic_load_explicit(&tb->burst, memory_order_relaxed));
+	return;
+slow:
+	tb__enter_slow(tb, now, v, at, drop);
+}
+
+/* The view at the clock, normalized first if the clock passed its horizon; returns the clock. */
+static inline __attribute__((always_inline)) int64_t tb__view_at_clock(struct tokenbucket *tb,
+									struct tb__view *v)
 {
 	for (;;) {
 		tb__view(tb, v);
-		*at = tb__observe(tb, now);
-		/*
-		 * The first time seen fixes the origin of regime 0 (or is being
-		 * fixed by another thread: until then nothing is produced).
-		 */
-		if (v->origin == TB__NO_TIME && atomic_load(&tb->slot[0].origin) != TB__NO_TIME)
-			continue;
-		if (atomic_load(&tb->gen) != v->gen)
-			continue;
-		if (__builtin_expect(tb__past_horizon(v, *at), 0)) {
-			tb__normalize(tb, *at);
-			continue;
-		}
-		break;
+		int64_t at = atomic_load(&tb->clock);
+		if (__builtin_expect(at == TB__NO_TIME || !tb__past_horizon(v, at), 1))
+			return at;
+		tb__normalize(tb, at);
 	}
-	if (drop || tb__capped(tb))
-		tb__enter_slow(tb, v, *at, drop);
 }
 
 /* The head at t, modulo 2^64 like the rovers: head + hoff + P(t). */
@@ -330,6 +357,17 @@ static inline int64_t tb__capped_level(tb__i128 raw, uint64_t burst)
 }
 
 /*
+ * Whether head + hoff + P(t) - tail >= x, given e = head + hoff - tail: as
+ * P(t) >= x - e, that is (t - origin) * p + fine0 >= (x - e) * q, with no
+ * division (x - e < 2^64, so the product fits 128 bits).
+ */
+static inline bool tb__level_at_least(const struct tb__view *v, int64_t e, int64_t t, tb__i128 x)
+{
+	tb__i128 need = x - e;
+	return need <= 0 || tb__fine_at(v, t) >= (tb__u128)need * v->q;
+}
+
+/*
  * Where a take at t starts: tokens above burst are dropped first, by moving
  * the tail up to head + hoff + P(t) - burst.  Returns that base; *level gets
  * the level there, never above burst.
@@ -344,6 +382,28 @@ static inline uint64_t tb__take_base(const struct tb__view *v, uint64_t head, ui
 	}
 	*level = (int64_t)raw;
 	return tail;
+}
+
+/*
+ * tb__take_base for a take of n <= burst that only needs to know whether
+ * the level reaches n: no division unless the bucket holds more than burst.
+ */
+static inline bool tb__take_fast(const struct tb__view *v, uint64_t head, uint64_t tail,
+				 uint64_t burst, int64_t t, uint64_t n, uint64_t *base)
+{
+	/* e <= burst unless a racing give-back left excess; then drop exactly. */
+	int64_t e = tb__level(head + v->hoff, tail);
+	if (e > (int64_t)burst)
+		goto over;
+	tb__u128 f = tb__fine_at(v, t);
+	/* Both differences are below 2^64 (e > -2^63, burst and n <= 2^62). */
+	if (f >= (tb__u128)(burst + 1 - (uint64_t)e) * v->q)
+		goto over;
+	*base = tail;
+	return e >= (int64_t)n || f >= (tb__u128)(n - (uint64_t)e) * v->q;
+over:
+	*base = tb__head_at(v, head, t) - burst;
+	return true;
 }
 
 #endif /* TOKENBUCKET_INTERNAL_H */

@@ -156,13 +156,15 @@ int64_t tb__duration(const struct tb__view *v, uint64_t n)
 	return d >= (u128)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
 }
 
-int64_t tb__horizon(uint64_t p, uint64_t q, uint64_t fine0, enum tb__kind kind)
+int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0)
 {
-	if (kind != TB__FINITE || p == 0 || q == 0)
-		return TOKENBUCKET_NEVER;
+	if (p == 0 || q == 0)
+		return INT64_MAX;
 	/* The smallest span with span * p + fine0 >= TB__ANCHOR * q (fine0 < q). */
 	u128 d = ((u128)TB__ANCHOR * q - fine0 + p - 1) / p;
-	return d >= (u128)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
+	if (d >= (u128)span(INT64_MAX, origin))
+		return INT64_MAX; /* no time the bucket sees is that far */
+	return (int64_t)((uint64_t)origin + (uint64_t)d);
 }
 
 uint64_t tb__remainder(const struct tb__view *v, int64_t t)

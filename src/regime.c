@@ -26,6 +26,10 @@ static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, 
 		return -EINVAL;
 	if (burst > TOKENBUCKET_BURST_MAX)
 		return -ERANGE;
+	if (kind != TB__FINITE) {
+		p = 0; /* a regime that produces nothing: F is 0 */
+		q = 1;
+	}
 	struct tokenbucket *tb = aligned_alloc(alignof(struct tokenbucket), sizeof(*tb));
 	if (tb == NULL)
 		return -ENOMEM;
@@ -53,7 +57,7 @@ static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, 
 		atomic_init(&tb->slot[i].p, p);
 		atomic_init(&tb->slot[i].q, q);
 		atomic_init(&tb->slot[i].hoff, 0);
-		atomic_init(&tb->slot[i].horizon, tb__horizon(p, q, 0, kind));
+		atomic_init(&tb->slot[i].limit, INT64_MIN); /* no origin yet */
 		atomic_init(&tb->slot[i].kind, kind);
 	}
 	*tbp = tb;
@@ -142,6 +146,10 @@ static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind,
 			tb__cap_to_ceil(tb, &old, at);
 		tb__drop(tb, &old, at, atomic_load(&tb->burst));
 	}
+	if (kind != TB__FINITE) {
+		p = 0; /* a regime that produces nothing: F is 0 */
+		q = 1;
+	}
 	struct tb__view n = {
 		.origin = at,
 		.fine0 = old.kind == TB__FINITE && kind == TB__FINITE ? tb__carry(&old, p, q, at) : 0,
@@ -150,7 +158,7 @@ static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind,
 		.hoff = old.hoff + (uint64_t)tb__production(&old, at),
 		.kind = kind,
 	};
-	n.horizon = tb__horizon(p, q, n.fine0, kind);
+	n.limit = tb__limit(at, p, q, n.fine0);
 	tb__publish(tb, &n);
 	if (kind == TB__INF) {
 		n.until = TOKENBUCKET_NEVER;
@@ -271,7 +279,7 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 		.hoff = tail + tokens - head,
 		.kind = old.kind,
 	};
-	n.horizon = tb__horizon(n.p, n.q, 0, n.kind);
+	n.limit = tb__limit(now, n.p, n.q, 0);
 	tb__publish(tb, &n);
 	if (tb__capped(tb)) {
 		atomic_store(&tb->ceil, atomic_load(&tb->tail) + burst);

@@ -23,7 +23,7 @@ void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
 	atomic_store_explicit(&s->p, n->p, memory_order_relaxed);
 	atomic_store_explicit(&s->q, n->q, memory_order_relaxed);
 	atomic_store_explicit(&s->hoff, n->hoff, memory_order_relaxed);
-	atomic_store_explicit(&s->horizon, n->horizon, memory_order_relaxed);
+	atomic_store_explicit(&s->limit, n->limit, memory_order_relaxed);
 	atomic_store_explicit(&s->kind, n->kind, memory_order_relaxed);
 	atomic_store(&tb->gen, next);
 	atomic_store_explicit(&tb->kind, n->kind, memory_order_relaxed);
@@ -32,8 +32,12 @@ void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
 /* The first caller that passes a time fixes the origin of regime 0. */
 static void fix_origin(struct tokenbucket *tb, int64_t now)
 {
+	struct tb__slot *s = &tb->slot[0];
 	int64_t unset = TB__NO_TIME;
-	atomic_compare_exchange_strong(&tb->slot[0].origin, &unset, now);
+	if (!atomic_compare_exchange_strong(&s->origin, &unset, now))
+		return; /* a writer started a regime of its own first */
+	/* Until this store the limit keeps readers on the slow path. */
+	atomic_store(&s->limit, tb__limit(now, atomic_load(&s->p), atomic_load(&s->q), 0));
 }
 
 int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen)
@@ -52,8 +56,12 @@ uint64_t tb__drop(struct tokenbucket *tb, const struct tb__view *v, int64_t at, 
 {
 	uint64_t tail = atomic_load(&tb->tail);
 	for (;;) {
+		uint64_t head = atomic_load(&tb->head);
+		/* Nothing above burst, the usual case: decided with no division. */
+		if (!tb__level_at_least(v, tb__level(head + v->hoff, tail), at, (tb__i128)burst + 1))
+			return 0;
 		int64_t level;
-		uint64_t base = tb__take_base(v, atomic_load(&tb->head), tail, burst, at, &level);
+		uint64_t base = tb__take_base(v, head, tail, burst, at, &level);
 		if (base == tail)
 			return 0;
 		if (atomic_compare_exchange_weak(&tb->tail, &tail, base)) {
@@ -78,7 +86,7 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 {
 	struct tb__view v;
 	tb__view(tb, &v);
-	if ((v.gen & 1) || !tb__past_horizon(&v, at))
+	if ((v.gen & 1) || at == TB__NO_TIME || v.origin == TB__NO_TIME || !tb__past_horizon(&v, at))
 		return;
 	uint64_t burst = atomic_load(&tb->burst), lost = 0;
 	if (tb__capped(tb) && tb__cap_to_ceil(tb, &v, at)) {
@@ -120,7 +128,7 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 	n.origin = at;
 	n.fine0 = tb__remainder(&v, at);
 	n.hoff = v.hoff + (uint64_t)tb__production(&v, at) - lost;
-	n.horizon = tb__horizon(n.p, n.q, n.fine0, n.kind);
+	n.limit = tb__limit(n.origin, n.p, n.q, n.fine0);
 	tb__publish(tb, &n);
 }
 
@@ -162,12 +170,33 @@ bool tb__cap_to_ceil(struct tokenbucket *tb, const struct tb__view *v, int64_t t
 	return lowered;
 }
 
-void tb__enter_slow(struct tokenbucket *tb, const struct tb__view *v, int64_t at, bool drop)
+void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
+		    bool drop)
 {
+	for (;;) {
+		tb__view(tb, v);
+		*at = tb__observe(tb, now);
+		/*
+		 * The first time seen fixes the origin of regime 0 (or is being
+		 * fixed by another thread: until then nothing is produced).
+		 */
+		if (v->origin == TB__NO_TIME && *at != TB__NO_TIME) {
+			/* Not fixed yet by the thread that saw the first time: help. */
+			fix_origin(tb, *at);
+			continue;
+		}
+		if (atomic_load(&tb->gen) != v->gen)
+			continue;
+		if (tb__past_horizon(v, *at)) {
+			tb__normalize(tb, *at);
+			continue;
+		}
+		break;
+	}
 	if (tb__capped(tb))
-		tb__cap_to_ceil(tb, v, at);
+		tb__cap_to_ceil(tb, v, *at);
 	if (drop)
-		tb__drop(tb, v, at, atomic_load_explicit(&tb->burst, memory_order_relaxed));
+		tb__drop(tb, v, *at, atomic_load_explicit(&tb->burst, memory_order_relaxed));
 }
 
 /* Raises ceil by up to n, never past tail + burst (nothing can be in flight beyond that). */
@@ -186,21 +215,24 @@ uint64_t tb__raise_ceil(struct tokenbucket *tb, uint64_t n)
 	}
 }
 
-uint64_t tb__give_back(struct tokenbucket *tb, uint64_t n)
+uint64_t tb__give_back(struct tokenbucket *tb, const struct tb__view *v, int64_t t, uint64_t n)
 {
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	uint64_t head = atomic_load_explicit(&tb->head, memory_order_relaxed);
 	uint64_t add;
+	if (n == 0)
+		return 0;
 	for (;;) {
-		/* The level at the clock: the room under burst is measured there. */
-		struct tb__view v;
-		tb__view(tb, &v);
-		int64_t at = atomic_load(&tb->clock);
-		tb__i128 raw = tb__raw_level(&v, head, atomic_load(&tb->tail), at);
-		tb__i128 room = (tb__i128)burst - raw;
-		if (room <= 0 || n == 0)
-			return 0;
-		add = (tb__i128)n < room ? n : (uint64_t)room;
+		/* The room under burst at t; all of n fits is decided with no division. */
+		uint64_t tail = atomic_load(&tb->tail);
+		add = n;
+		if (tb__level_at_least(v, tb__level(head + v->hoff, tail), t,
+				       (tb__i128)burst - (tb__i128)n + 1)) {
+			tb__i128 room = (tb__i128)burst - tb__raw_level(v, head, tail, t);
+			if (room <= 0)
+				return 0;
+			add = (uint64_t)room;
+		}
 		if (atomic_compare_exchange_weak(&tb->head, &head, head + add))
 			break;
 	}

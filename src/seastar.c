@@ -9,18 +9,6 @@
 
 #include "internal.h"
 
-/* The view at the clock, normalized first if the clock passed its horizon. */
-static int64_t view_at_clock(struct tokenbucket *tb, struct tb__view *v)
-{
-	for (;;) {
-		tb__view(tb, v);
-		int64_t at = atomic_load(&tb->clock);
-		if (!tb__past_horizon(v, at))
-			return at;
-		tb__normalize(tb, at);
-	}
-}
-
 uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 {
 	if (tb == NULL)
@@ -30,14 +18,22 @@ uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 		return tail;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	struct tb__view v;
-	int64_t at = view_at_clock(tb, &v);
+	int64_t at = tb__view_at_clock(tb, &v);
 	for (;;) {
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 		int64_t level;
-		uint64_t base = tb__take_base(&v, head, tail, burst, at, &level);
-		/* The most this grab may take before the debt passes TOKENBUCKET_DEBT_MAX. */
-		int64_t most = level + (int64_t)TOKENBUCKET_DEBT_MAX;
-		uint64_t take = most <= 0 ? 0 : n < (uint64_t)most ? n : (uint64_t)most;
+		uint64_t base, take = n;
+		/*
+		 * The most a grab may take keeps the debt within DEBT_MAX; the
+		 * level is at least e, so n <= e + DEBT_MAX fits with no division.
+		 */
+		int64_t e = tb__level(head + v.hoff, tail);
+		if (!tb__take_fast(&v, head, tail, burst, at, 0, &base) || base != tail ||
+		    (tb__i128)n > (tb__i128)e + (tb__i128)TOKENBUCKET_DEBT_MAX) {
+			base = tb__take_base(&v, head, tail, burst, at, &level);
+			int64_t most = level + (int64_t)TOKENBUCKET_DEBT_MAX;
+			take = most <= 0 ? 0 : n < (uint64_t)most ? n : (uint64_t)most;
+		}
 		if (atomic_compare_exchange_weak(&tb->tail, &tail, base + take))
 			return base + take;
 	}
@@ -85,15 +81,10 @@ void tokenbucket_replenish(struct tokenbucket *tb, int64_t now)
 	/* Credit (move the clock) only once threshold tokens are made since it. */
 	uint64_t threshold = atomic_load_explicit(&tb->threshold, memory_order_relaxed);
 	struct tb__view v;
-	for (;;) {
-		tb__view(tb, &v);
-		if (tb__past_horizon(&v, now))
-			break; /* as many as that are there: credit */
-		tb__u128 made = tb__production(&v, now) - tb__production(&v, seen);
-		if (made == 0 || made < threshold)
-			return;
-		break;
-	}
+	tb__view(tb, &v);
+	tb__u128 made = tb__production(&v, now) - tb__production(&v, seen);
+	if (made == 0 || made < threshold)
+		return;
 	int64_t at;
 	tb__enter(tb, now, &v, &at, true);
 }
@@ -114,7 +105,8 @@ void tokenbucket_refund(struct tokenbucket *tb, uint64_t n)
 {
 	if (tb == NULL || tb__unlimited(tb))
 		return;
-	tb__give_back(tb, n);
+	struct tb__view v;
+	tb__give_back(tb, &v, tb__view_at_clock(tb, &v), n);
 }
 
 int64_t tokenbucket_duration_for(const struct tokenbucket *tb, uint64_t tokens)

@@ -84,7 +84,8 @@ static int sleep_until(int64_t target_ns, int cancel_fd)
  * tokens that a rate change or ceil held back). */
 static int give_back(struct tokenbucket *tb, struct tokenbucket_reservation *r, int err)
 {
-	tb__give_back(tb, r->tokens);
+	struct tb__view v;
+	tb__give_back(tb, &v, tb__view_at_clock(tb, &v), r->tokens);
 	r->tokens = 0;
 	return err;
 }

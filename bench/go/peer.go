@@ -87,6 +87,12 @@ func claim(c *ctx) {
 	c.lim[1] = c.lim[0]
 }
 
+// A byte rate through the clock: 1e15 per second, every call finds new tokens.
+func fast(c *ctx) {
+	c.lim[0] = rate.NewLimiter(1e15, 1000)
+	c.lim[1] = c.lim[0]
+}
+
 // Empty, the next token a second away: every call is refused.
 func emptyAt(c *ctx) {
 	c.lim[0] = rate.NewLimiter(1, 1)
@@ -159,8 +165,11 @@ var metrics = []*metric{
 	{name: "deny", setup: emptyNow, loop: loopAllow, expect: allFalse},
 	{name: "deny_at", setup: emptyAt, loop: loopAllowAt, expect: allFalse},
 	{name: "reserve_cancel", setup: full, loop: loopReserveCancel, expect: allTrue},
+	{name: "allow_claim", setup: fast, loop: loopAllow, expect: allTrue},
 	{name: "allow_2t", threads: 2, setup: full, loop: loopAllow, expect: allTrue},
 	{name: "allow_4t", threads: 4, setup: full, loop: loopAllow, expect: allTrue},
+	{name: "allow_2t_claim", threads: 2, setup: fast, loop: loopAllow, expect: allTrue},
+	{name: "allow_4t_claim", threads: 4, setup: fast, loop: loopAllow, expect: allTrue},
 	{name: "allow_at_2b", threads: 2, setup: full2b, loop: loopAllowAt, expect: allTrue},
 	{name: "allow_at_shared", threads: 2, setup: full, loop: loopAllowAt, expect: allTrue},
 }
