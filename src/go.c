@@ -11,10 +11,9 @@
 
 #include "internal.h"
 
-bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
+/* The general path of allow_at: any regime, time and level. */
+static bool allow_slow(struct tokenbucket *tb, int64_t now, uint64_t n)
 {
-	if (tb == NULL)
-		return false;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	bool inf = tb__unlimited(tb);
 	if (n > burst && !inf)
@@ -29,8 +28,18 @@ bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 		uint64_t base;
 		if (!tb__take_fast(&v, head, tail, burst, at, n, &base)) {
-			/* Only a level read with the tail it belongs to refuses. */
+			/*
+			 * Only a level read with the tail it belongs to refuses,
+			 * and at a time no earlier than the one a drop in that
+			 * tail was made at.
+			 */
 			uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
+			int64_t seen = atomic_load(&tb->clock);
+			if (seen > at) {
+				tb__enter(tb, seen, &v, &at, false);
+				tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+				continue;
+			}
 			if (again == tail)
 				return false;
 			tail = again;
@@ -43,16 +52,60 @@ bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 	}
 }
 
+/*
+ * The usual take, in registers: a stable regime, a time within its horizon,
+ * no capped release, not unlimited, and enough tokens.  Everything else,
+ * a refusal included, is decided by allow_slow.
+ */
+bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
+{
+	if (tb == NULL)
+		return false;
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	struct tb__fast f;
+	int64_t at;
+	if (n > burst || tb__capped(tb) || tb__unlimited(tb) || !tb__fast_view(tb, &f))
+		goto slow;
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+	if (!tb__fast_observe(tb, now, &at) || !tb__fast_valid(tb, &f, at))
+		goto slow;
+	int64_t e = tb__level(head + f.hoff, tail);
+	if (e > (int64_t)burst)
+		goto slow;
+	tb__u128 fine = tb__fast_fine(&f, at);
+	uint64_t base = tail;
+	if (fine >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q) {
+		/* More than burst: drop the excess in this CAS (P(t) = F(t) when q = 1). */
+		if (f.q != 1)
+			goto slow;
+		base = head + f.hoff + (uint64_t)fine - burst;
+	} else if (e < (int64_t)n && fine < (tb__u128)(n - (uint64_t)e) * f.q) {
+		/*
+		 * Refused, if the level was read with the tail it belongs to and
+		 * at a time no earlier than any drop in that tail: the tail again
+		 * (after head, so head is no newer than it) and the clock again.
+		 */
+		if (atomic_load_explicit(&tb->tail, memory_order_acquire) == tail &&
+		    atomic_load(&tb->clock) == at)
+			return false;
+		goto slow;
+	}
+	if ((n == 0 && base == tail) || atomic_compare_exchange_strong(&tb->tail, &tail, base + n))
+		return true;
+slow:
+	return allow_slow(tb, now, n);
+}
+
 bool tokenbucket_allow(struct tokenbucket *tb, uint64_t n)
 {
 	return tokenbucket_allow_at(tb, tb__now(), n);
 }
 
-int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
-			   struct tokenbucket_reservation *r)
+/* The general path of reserve_at: any regime, time and level, debt included. */
+static int reserve_slow(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
+			struct tokenbucket_reservation *r)
 {
-	if (tb == NULL || r == NULL)
-		return -EINVAL;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	bool inf = tb__unlimited(tb);
 	if (n > burst && !inf)
@@ -82,6 +135,13 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 		int64_t act = at, wait = 0;
 		int err = 0;
 		if (debt > 0) {
+			/* The debt is about the time a drop in this tail was made at, at least. */
+			int64_t seen = atomic_load(&tb->clock);
+			if (seen > at) {
+				tb__enter(tb, seen, &v, &at, false);
+				tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+				continue;
+			}
 			if ((uint64_t)debt > TOKENBUCKET_DEBT_MAX) {
 				err = -EOVERFLOW;
 			} else {
@@ -120,6 +180,46 @@ int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int6
 	}
 }
 
+/* The usual reservation, in registers: as allow_at, with tokens there now. */
+int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
+			   struct tokenbucket_reservation *r)
+{
+	if (tb == NULL || r == NULL)
+		return -EINVAL;
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	struct tb__fast f;
+	int64_t at;
+	if (n > burst || max_wait < 0 || tb__capped(tb) || tb__unlimited(tb) ||
+	    !tb__fast_view(tb, &f))
+		goto slow;
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+	if (!tb__fast_observe(tb, now, &at) || !tb__fast_valid(tb, &f, at))
+		goto slow;
+	int64_t e = tb__level(head + f.hoff, tail);
+	if (e > (int64_t)burst)
+		goto slow;
+	tb__u128 fine = tb__fast_fine(&f, at);
+	uint64_t base = tail;
+	if (fine >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q) {
+		if (f.q != 1)
+			goto slow;
+		base = head + f.hoff + (uint64_t)fine - burst;
+	} else if (e < (int64_t)n && fine < (tb__u128)(n - (uint64_t)e) * f.q) {
+		goto slow; /* debt: time_to_act needs the general path */
+	}
+	if (atomic_compare_exchange_strong(&tb->tail, &tail, base + n)) {
+		*r = (struct tokenbucket_reservation){
+			.time_to_act = at,
+			.tokens = n,
+			.ticket = base + n,
+		};
+		return 0;
+	}
+slow:
+	return reserve_slow(tb, now, n, max_wait, r);
+}
+
 int tokenbucket_reserve(struct tokenbucket *tb, uint64_t n, int64_t max_wait,
 			struct tokenbucket_reservation *r)
 {
@@ -136,6 +236,17 @@ int64_t tokenbucket_reservation_delay(const struct tokenbucket_reservation *r, i
 	return d >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
 }
 
+/* The general path of a cancel of n tokens reserved for time_to_act. */
+static void cancel_slow(struct tokenbucket *tb, int64_t now, int64_t time_to_act, uint64_t n)
+{
+	struct tb__view v;
+	int64_t at;
+	tb__enter(tb, now, &v, &at, true);
+	if (at > time_to_act)
+		return; /* too late: the tokens were used */
+	tb__give_back(tb, &v, at, n);
+}
+
 void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservation *r,
 			   int64_t now)
 {
@@ -145,12 +256,28 @@ void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservatio
 	r->tokens = 0;
 	if (n == 0 || tb__unlimited(tb))
 		return;
-	struct tb__view v;
+	/* The usual cancel, in registers: nothing to drop, and all of n fits under burst. */
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	struct tb__fast f;
 	int64_t at;
-	tb__enter(tb, now, &v, &at, true);
+	if (n > burst || tb__capped(tb) || !tb__fast_view(tb, &f))
+		goto slow;
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	if (!tb__fast_observe(tb, now, &at) || !tb__fast_valid(tb, &f, at))
+		goto slow;
+	int64_t e = tb__level(head + f.hoff, tail);
+	if (e > (int64_t)(burst - n))
+		goto slow;
+	/* level + n <= burst, so nothing lies above burst either. */
+	if (tb__fast_fine(&f, at) >= (tb__u128)(burst - n + 1 - (uint64_t)e) * f.q)
+		goto slow;
 	if (at > r->time_to_act)
 		return; /* too late: the tokens were used */
-	tb__give_back(tb, &v, at, n);
+	if (atomic_compare_exchange_strong(&tb->head, &head, head + n))
+		return;
+slow:
+	cancel_slow(tb, now, r->time_to_act, n);
 }
 
 void tokenbucket_cancel(struct tokenbucket *tb, struct tokenbucket_reservation *r)

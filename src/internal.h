@@ -406,4 +406,72 @@ over:
 	return true;
 }
 
+/*
+ * The fast paths: the regime in force, read into registers (a local that
+ * never escapes).  false while a rate change freezes the regime; the caller
+ * then takes the general path.  The caller validates with tb__fast_valid
+ * after it has recorded its time, which is also the seqlock's check.
+ */
+struct tb__fast {
+	uint64_t gen;
+	int64_t origin, limit;
+	uint64_t fine0, p, q, hoff;
+};
+
+static inline __attribute__((always_inline)) bool tb__fast_view(const struct tokenbucket *tb,
+								struct tb__fast *f)
+{
+	f->gen = atomic_load_explicit(&tb->gen, memory_order_acquire);
+	const struct tb__slot *s = &tb->slot[(f->gen >> 1) & 1];
+	f->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
+	f->limit = atomic_load_explicit(&s->limit, memory_order_relaxed);
+	f->fine0 = atomic_load_explicit(&s->fine0, memory_order_relaxed);
+	f->p = atomic_load_explicit(&s->p, memory_order_relaxed);
+	f->q = atomic_load_explicit(&s->q, memory_order_relaxed);
+	f->hoff = atomic_load_explicit(&s->hoff, memory_order_relaxed);
+	return (f->gen & 1) == 0;
+}
+
+/*
+ * gen unchanged (so the slot was of one regime, and no writer froze it
+ * since the time was recorded: sequentially consistent, as tb__enter) and
+ * the time within the horizon (which also means the origin is fixed, and
+ * a producing regime's F(t) is (t - origin) * p + fine0; one that produces
+ * nothing stores p = 0).
+ */
+static inline __attribute__((always_inline)) bool
+tb__fast_valid(const struct tokenbucket *tb, const struct tb__fast *f, int64_t t)
+{
+	atomic_thread_fence(memory_order_acquire);
+	return atomic_load(&tb->gen) == f->gen && t < f->limit;
+}
+
+/* tb__fast_valid for a call that reads the clock without passing a time: none seen yet is fine. */
+static inline __attribute__((always_inline)) bool
+tb__fast_valid_clock(const struct tokenbucket *tb, const struct tb__fast *f, int64_t t)
+{
+	atomic_thread_fence(memory_order_acquire);
+	return atomic_load(&tb->gen) == f->gen && (t < f->limit || t == TB__NO_TIME);
+}
+
+static inline tb__u128 tb__fast_fine(const struct tb__fast *f, int64_t t)
+{
+	return (tb__u128)((uint64_t)t - (uint64_t)f->origin) * f->p + f->fine0;
+}
+
+/* Records now in the clock, the usual way only: false sends the caller to the general path. */
+static inline __attribute__((always_inline)) bool tb__fast_observe(struct tokenbucket *tb,
+								   int64_t now, int64_t *at)
+{
+	now = tb__time(now);
+	int64_t seen = atomic_load(&tb->clock);
+	if (now > seen) {
+		if (seen == TB__NO_TIME || !atomic_compare_exchange_strong(&tb->clock, &seen, now))
+			return false;
+		seen = now;
+	}
+	*at = seen;
+	return true;
+}
+
 #endif /* TOKENBUCKET_INTERNAL_H */

@@ -9,10 +9,9 @@
 
 #include "internal.h"
 
-uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
+/* The general path of grab: any regime, level and debt. */
+static uint64_t grab_slow(struct tokenbucket *tb, uint64_t n)
 {
-	if (tb == NULL)
-		return 0;
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 	if (tb__unlimited(tb))
 		return tail;
@@ -39,10 +38,33 @@ uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 	}
 }
 
-uint64_t tokenbucket_deficiency(const struct tokenbucket *tb, uint64_t ticket)
+uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 {
 	if (tb == NULL)
 		return 0;
+	/* The usual grab, in registers: nothing above burst, the debt far from its bound. */
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	struct tb__fast f;
+	if (tb__unlimited(tb) || !tb__fast_view(tb, &f))
+		goto slow;
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+	int64_t at = atomic_load(&tb->clock);
+	if (!tb__fast_valid_clock(tb, &f, at))
+		goto slow;
+	int64_t e = tb__level(head + f.hoff, tail);
+	if (e > (int64_t)burst || (tb__i128)n > (tb__i128)e + (tb__i128)TOKENBUCKET_DEBT_MAX ||
+	    tb__fast_fine(&f, at) >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q)
+		goto slow;
+	if (atomic_compare_exchange_strong(&tb->tail, &tail, tail + n))
+		return tail + n;
+slow:
+	return grab_slow(tb, n);
+}
+
+/* The general path of deficiency. */
+static uint64_t deficiency_slow(const struct tokenbucket *tb, uint64_t ticket)
+{
 	/*
 	 * The head at the clock, no more than burst above the tail: what lies
 	 * beyond is dropped by the next take, and covers no ticket.  The tail
@@ -64,6 +86,31 @@ uint64_t tokenbucket_deficiency(const struct tokenbucket *tb, uint64_t ticket)
 	}
 	int64_t missing = tb__level(ticket, tail + (uint64_t)level);
 	return missing > 0 ? (uint64_t)missing : 0;
+}
+
+uint64_t tokenbucket_deficiency(const struct tokenbucket *tb, uint64_t ticket)
+{
+	if (tb == NULL)
+		return 0;
+	/*
+	 * A ticket not past head + hoff is covered, since the head at the clock
+	 * is at least that (unless it is above burst over the tail: then the
+	 * general path caps it).  Head is read before tail, so e is never more
+	 * than the bucket had.
+	 */
+	uint64_t gen = atomic_load_explicit(&tb->gen, memory_order_acquire);
+	const struct tb__slot *s = &tb->slot[(gen >> 1) & 1];
+	uint64_t hoff = atomic_load_explicit(&s->hoff, memory_order_relaxed);
+	int64_t limit = atomic_load_explicit(&s->limit, memory_order_relaxed);
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	int64_t at = atomic_load(&tb->clock);
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	atomic_thread_fence(memory_order_acquire);
+	if (atomic_load(&tb->gen) == gen && (at < limit || at == TB__NO_TIME) &&
+	    tb__level(head + hoff, tail) <= (int64_t)burst && tb__level(ticket, head + hoff) <= 0)
+		return 0;
+	return deficiency_slow(tb, ticket);
 }
 
 void tokenbucket_replenish(struct tokenbucket *tb, int64_t now)
