@@ -107,8 +107,13 @@ uint64_t tokenbucket_deficiency(const struct tokenbucket *tb, uint64_t ticket)
 	int64_t at = atomic_load(&tb->clock);
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	atomic_thread_fence(memory_order_acquire);
+	/*
+	 * ticket - head(clock) is ticket - (head + hoff) - P(clock), with
+	 * P < 2^61 within the horizon: far from the wrap, no P is needed.
+	 */
+	int64_t ahead = tb__level(ticket, head + hoff);
 	if (atomic_load(&tb->gen) == gen && (at < limit || at == TB__NO_TIME) &&
-	    tb__level(head + hoff, tail) <= (int64_t)burst && tb__level(ticket, head + hoff) <= 0)
+	    tb__level(head + hoff, tail) <= (int64_t)burst && ahead <= 0 && ahead > INT64_MIN / 2)
 		return 0;
 	return deficiency_slow(tb, ticket);
 }
