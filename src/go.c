@@ -52,48 +52,32 @@ static bool allow_slow(struct tokenbucket *tb, int64_t now, uint64_t n)
 	}
 }
 
-/*
- * The usual take, in registers: a stable regime, a time within its horizon,
- * no capped release, not unlimited, and enough tokens.  Everything else,
- * a refusal included, is decided by allow_slow.
- */
 bool tokenbucket_allow_at(struct tokenbucket *tb, int64_t now, uint64_t n)
 {
 	if (tb == NULL)
 		return false;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	struct tb__fast f;
 	int64_t at;
-	if (n > burst || tb__capped(tb) || tb__unlimited(tb) || !tb__fast_view(tb, &f))
-		goto slow;
-	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
-	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-	if (!tb__fast_observe(tb, now, &at) || !tb__fast_valid(tb, &f, at))
-		goto slow;
-	int64_t e = tb__level(head + f.hoff, tail);
-	if (e > (int64_t)burst)
-		goto slow;
-	tb__u128 fine = tb__fast_fine(&f, at);
-	uint64_t base = tail;
-	if (fine >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q) {
-		/* More than burst: drop the excess in this CAS (P(t) = F(t) when q = 1). */
-		if (f.q != 1)
-			goto slow;
-		base = head + f.hoff + (uint64_t)fine - burst;
-	} else if (e < (int64_t)n && fine < (tb__u128)(n - (uint64_t)e) * f.q) {
-		/*
-		 * Refused, if the level was read with the tail it belongs to and
-		 * at a time no earlier than any drop in that tail: the tail again
-		 * (after head, so head is no newer than it) and the clock again.
-		 */
-		if (atomic_load_explicit(&tb->tail, memory_order_acquire) == tail &&
-		    atomic_load(&tb->clock) == at)
-			return false;
-		goto slow;
+	uint64_t ticket, tail;
+	if (n <= burst) {
+		switch (tb__fast_take(tb, now, n, burst, &at, &ticket, &tail)) {
+		case TB__FAST_TAKEN:
+			return true;
+		case TB__FAST_SHORT:
+			/*
+			 * Refused, if the level was read with the tail it belongs
+			 * to and at a time no earlier than any drop in that tail:
+			 * the tail again (read before head, so head is no newer
+			 * than it) and the clock again.
+			 */
+			if (atomic_load_explicit(&tb->tail, memory_order_acquire) == tail &&
+			    atomic_load(&tb->clock) == at)
+				return false;
+			break;
+		case TB__FAST_SLOW:
+			break;
+		}
 	}
-	if ((n == 0 && base == tail) || atomic_compare_exchange_strong(&tb->tail, &tail, base + n))
-		return true;
-slow:
 	return allow_slow(tb, now, n);
 }
 
@@ -180,43 +164,24 @@ static int reserve_slow(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t
 	}
 }
 
-/* The usual reservation, in registers: as allow_at, with tokens there now. */
+/* The usual reservation is a fast take with the tokens there now; debt takes the general path. */
 int tokenbucket_reserve_at(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
 			   struct tokenbucket_reservation *r)
 {
 	if (tb == NULL || r == NULL)
 		return -EINVAL;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	struct tb__fast f;
 	int64_t at;
-	if (n > burst || max_wait < 0 || tb__capped(tb) || tb__unlimited(tb) ||
-	    !tb__fast_view(tb, &f))
-		goto slow;
-	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
-	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-	if (!tb__fast_observe(tb, now, &at) || !tb__fast_valid(tb, &f, at))
-		goto slow;
-	int64_t e = tb__level(head + f.hoff, tail);
-	if (e > (int64_t)burst)
-		goto slow;
-	tb__u128 fine = tb__fast_fine(&f, at);
-	uint64_t base = tail;
-	if (fine >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q) {
-		if (f.q != 1)
-			goto slow;
-		base = head + f.hoff + (uint64_t)fine - burst;
-	} else if (e < (int64_t)n && fine < (tb__u128)(n - (uint64_t)e) * f.q) {
-		goto slow; /* debt: time_to_act needs the general path */
-	}
-	if (atomic_compare_exchange_strong(&tb->tail, &tail, base + n)) {
+	uint64_t ticket, tail;
+	if (n <= burst && max_wait >= 0 &&
+	    tb__fast_take(tb, now, n, burst, &at, &ticket, &tail) == TB__FAST_TAKEN) {
 		*r = (struct tokenbucket_reservation){
 			.time_to_act = at,
 			.tokens = n,
-			.ticket = base + n,
+			.ticket = ticket,
 		};
 		return 0;
 	}
-slow:
 	return reserve_slow(tb, now, n, max_wait, r);
 }
 
@@ -258,9 +223,9 @@ void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservatio
 		return;
 	/* The usual cancel, in registers: nothing to drop, and all of n fits under burst. */
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	struct tb__fast f;
+	struct tb__view f;
 	int64_t at;
-	if (n > burst || tb__capped(tb) || !tb__fast_view(tb, &f))
+	if (n > burst || tb__capped(tb) || !tb__load_regime(tb, &f))
 		goto slow;
 	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
@@ -270,7 +235,7 @@ void tokenbucket_cancel_at(struct tokenbucket *tb, struct tokenbucket_reservatio
 	if (e > (int64_t)(burst - n))
 		goto slow;
 	/* level + n <= burst, so nothing lies above burst either. */
-	if (tb__fast_fine(&f, at) >= (tb__u128)(burst - n + 1 - (uint64_t)e) * f.q)
+	if (tb__fine_units(&f, at) >= (tb__u128)(burst - n + 1 - (uint64_t)e) * f.q)
 		goto slow;
 	if (at > r->time_to_act)
 		return; /* too late: the tokens were used */

@@ -186,31 +186,42 @@ static inline tb__u128 tb__production(const struct tb__view *v, int64_t t)
 	return f / v->q;
 }
 
+/*
+ * Reads the regime in force into *v (its gen, slot and kind; until is left
+ * alone).  Returns false while a rate change freezes it (gen odd).  The
+ * reads are validated by reading gen again after them (tb__view, or
+ * tb__fast_valid on the fast paths).
+ */
+static inline __attribute__((always_inline)) bool tb__load_regime(const struct tokenbucket *tb,
+								  struct tb__view *v)
+{
+	v->gen = atomic_load_explicit(&tb->gen, memory_order_acquire);
+	const struct tb__slot *s = &tb->slot[(v->gen >> 1) & 1];
+	v->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
+	v->limit = atomic_load_explicit(&s->limit, memory_order_relaxed);
+	v->fine0 = atomic_load_explicit(&s->fine0, memory_order_relaxed);
+	v->p = atomic_load_explicit(&s->p, memory_order_relaxed);
+	v->q = atomic_load_explicit(&s->q, memory_order_relaxed);
+	v->hoff = atomic_load_explicit(&s->hoff, memory_order_relaxed);
+	v->kind = (enum tb__kind)atomic_load_explicit(&s->kind, memory_order_relaxed);
+	return (v->gen & 1) == 0;
+}
+
 /* Reads the production in force consistently: a seqlock on gen. */
 static inline void tb__view(const struct tokenbucket *tb, struct tb__view *v)
 {
 	for (;;) {
-		uint64_t gen = atomic_load_explicit(&tb->gen, memory_order_acquire);
-		const struct tb__slot *s = &tb->slot[(gen >> 1) & 1];
-		v->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
-		v->fine0 = atomic_load_explicit(&s->fine0, memory_order_relaxed);
-		v->p = atomic_load_explicit(&s->p, memory_order_relaxed);
-		v->q = atomic_load_explicit(&s->q, memory_order_relaxed);
-		v->hoff = atomic_load_explicit(&s->hoff, memory_order_relaxed);
-		v->limit = atomic_load_explicit(&s->limit, memory_order_relaxed);
-		v->kind = (enum tb__kind)atomic_load_explicit(&s->kind, memory_order_relaxed);
-		v->until = gen & 1 ? atomic_load_explicit(&tb->frozen_at, memory_order_relaxed)
-				   : TOKENBUCKET_NEVER;
+		bool stable = tb__load_regime(tb, v);
+		v->until = stable ? TOKENBUCKET_NEVER
+				  : atomic_load_explicit(&tb->frozen_at, memory_order_relaxed);
 		/*
 		 * The slot of regime e is rewritten only for regime e + 2, after
 		 * gen passed 2e + 1: if gen is unchanged after the reads, they
 		 * were of one regime.
 		 */
 		atomic_thread_fence(memory_order_acquire);
-		if (atomic_load_explicit(&tb->gen, memory_order_relaxed) == gen) {
-			v->gen = gen;
+		if (atomic_load_explicit(&tb->gen, memory_order_relaxed) == v->gen)
 			return;
-		}
 	}
 }
 
@@ -407,40 +418,17 @@ over:
 }
 
 /*
- * The fast paths: the regime in force, read into registers (a local that
- * never escapes).  false while a rate change freezes the regime; the caller
- * then takes the general path.  The caller validates with tb__fast_valid
- * after it has recorded its time, which is also the seqlock's check.
- */
-struct tb__fast {
-	uint64_t gen;
-	int64_t origin, limit;
-	uint64_t fine0, p, q, hoff;
-};
-
-static inline __attribute__((always_inline)) bool tb__fast_view(const struct tokenbucket *tb,
-								struct tb__fast *f)
-{
-	f->gen = atomic_load_explicit(&tb->gen, memory_order_acquire);
-	const struct tb__slot *s = &tb->slot[(f->gen >> 1) & 1];
-	f->origin = atomic_load_explicit(&s->origin, memory_order_relaxed);
-	f->limit = atomic_load_explicit(&s->limit, memory_order_relaxed);
-	f->fine0 = atomic_load_explicit(&s->fine0, memory_order_relaxed);
-	f->p = atomic_load_explicit(&s->p, memory_order_relaxed);
-	f->q = atomic_load_explicit(&s->q, memory_order_relaxed);
-	f->hoff = atomic_load_explicit(&s->hoff, memory_order_relaxed);
-	return (f->gen & 1) == 0;
-}
-
-/*
- * gen unchanged (so the slot was of one regime, and no writer froze it
+ * The fast paths read the regime into a local struct tb__view that never
+ * escapes (so it stays in registers) with tb__load_regime, and validate it
+ * with this after recording their time: gen unchanged (so the slot was of
+ * one regime, and no writer froze it
  * since the time was recorded: sequentially consistent, as tb__enter) and
  * the time within the horizon (which also means the origin is fixed, and
  * a producing regime's F(t) is (t - origin) * p + fine0; one that produces
  * nothing stores p = 0).
  */
 static inline __attribute__((always_inline)) bool
-tb__fast_valid(const struct tokenbucket *tb, const struct tb__fast *f, int64_t t)
+tb__fast_valid(const struct tokenbucket *tb, const struct tb__view *f, int64_t t)
 {
 	atomic_thread_fence(memory_order_acquire);
 	return atomic_load(&tb->gen) == f->gen && t < f->limit;
@@ -448,15 +436,10 @@ tb__fast_valid(const struct tokenbucket *tb, const struct tb__fast *f, int64_t t
 
 /* tb__fast_valid for a call that reads the clock without passing a time: none seen yet is fine. */
 static inline __attribute__((always_inline)) bool
-tb__fast_valid_clock(const struct tokenbucket *tb, const struct tb__fast *f, int64_t t)
+tb__fast_valid_clock(const struct tokenbucket *tb, const struct tb__view *f, int64_t t)
 {
 	atomic_thread_fence(memory_order_acquire);
 	return atomic_load(&tb->gen) == f->gen && (t < f->limit || t == TB__NO_TIME);
-}
-
-static inline tb__u128 tb__fast_fine(const struct tb__fast *f, int64_t t)
-{
-	return (tb__u128)((uint64_t)t - (uint64_t)f->origin) * f->p + f->fine0;
 }
 
 /* Records now in the clock, the usual way only: false sends the caller to the general path. */
@@ -472,6 +455,49 @@ static inline __attribute__((always_inline)) bool tb__fast_observe(struct tokenb
 	}
 	*at = seen;
 	return true;
+}
+
+/* What the fast take of allow_at and reserve_at found. */
+enum tb__fast_take {
+	TB__FAST_TAKEN, /* n taken: *ticket is the tail after */
+	TB__FAST_SHORT, /* fewer than n at *at, read with tail *seen_tail */
+	TB__FAST_SLOW,  /* anything else: the general path decides */
+};
+
+/*
+ * The usual take, in registers: a stable regime, a time within its horizon,
+ * no capped release, not unlimited, and enough tokens; what lies above
+ * burst is dropped in the same CAS when q = 1 (P(t) = F(t)).
+ */
+static inline __attribute__((always_inline)) enum tb__fast_take
+tb__fast_take(struct tokenbucket *tb, int64_t now, uint64_t n, uint64_t burst, int64_t *at,
+	      uint64_t *ticket, uint64_t *seen_tail)
+{
+	struct tb__view f;
+	if (tb__capped(tb) || tb__unlimited(tb) || !tb__load_regime(tb, &f))
+		return TB__FAST_SLOW;
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+	if (!tb__fast_observe(tb, now, at) || !tb__fast_valid(tb, &f, *at))
+		return TB__FAST_SLOW;
+	int64_t e = tb__level(head + f.hoff, tail);
+	if (e > (int64_t)burst)
+		return TB__FAST_SLOW;
+	tb__u128 fine = tb__fine_units(&f, *at);
+	uint64_t base = tail;
+	if (fine >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q) {
+		if (f.q != 1)
+			return TB__FAST_SLOW;
+		base = head + f.hoff + (uint64_t)fine - burst;
+	} else if (e < (int64_t)n && fine < (tb__u128)(n - (uint64_t)e) * f.q) {
+		*seen_tail = tail;
+		return TB__FAST_SHORT;
+	}
+	if ((n == 0 && base == tail) || atomic_compare_exchange_strong(&tb->tail, &tail, base + n)) {
+		*ticket = base + n;
+		return TB__FAST_TAKEN;
+	}
+	return TB__FAST_SLOW;
 }
 
 #endif /* TOKENBUCKET_INTERNAL_H */

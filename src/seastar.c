@@ -44,8 +44,8 @@ uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 		return 0;
 	/* The usual grab, in registers: nothing above burst, the debt far from its bound. */
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	struct tb__fast f;
-	if (tb__unlimited(tb) || !tb__fast_view(tb, &f))
+	struct tb__view f;
+	if (tb__unlimited(tb) || !tb__load_regime(tb, &f))
 		goto slow;
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
@@ -54,7 +54,7 @@ uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 		goto slow;
 	int64_t e = tb__level(head + f.hoff, tail);
 	if (e > (int64_t)burst || (tb__i128)n > (tb__i128)e + (tb__i128)TOKENBUCKET_DEBT_MAX ||
-	    tb__fast_fine(&f, at) >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q)
+	    tb__fine_units(&f, at) >= (tb__u128)(burst + 1 - (uint64_t)e) * f.q)
 		goto slow;
 	if (atomic_compare_exchange_strong(&tb->tail, &tail, tail + n))
 		return tail + n;
