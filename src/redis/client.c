@@ -12,6 +12,7 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
@@ -186,6 +187,42 @@ int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share)
 
 /* ---- Connections --------------------------------------------------------- */
 
+/*
+ * hiredis writes with write(2): a peer that went away would raise SIGPIPE
+ * and kill the process.  The library blocks it in the calling thread around
+ * its own I/O and discards one it caused, leaving the process's handlers
+ * alone.
+ */
+struct tbr__sigpipe {
+	sigset_t old;
+	bool pending_before;
+};
+
+static void sigpipe_block(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	s->pending_before = sigismember(&pending, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
+}
+
+static void sigpipe_restore(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	if (!s->pending_before && sigismember(&pending, SIGPIPE)) {
+		struct timespec zero = { 0, 0 };
+		int saved = errno;
+		sigtimedwait(&pipe, NULL, &zero);
+		errno = saved;
+	}
+	pthread_sigmask(SIG_SETMASK, &s->old, NULL);
+}
+
 /* What a failed connection or round trip means, as a negative errno. */
 static int conn_error(const redisContext *c, int saved_errno)
 {
@@ -282,9 +319,9 @@ static void conn_put(struct tokenbucket_redis *r, struct tbr__conn *c)
 }
 
 /* One round trip; a lost script cache is refilled by sending the text once. */
-static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
-		      struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
-		      double *tokens)
+static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
+			     struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+			     double *tokens)
 {
 	struct tbr__conn *c = NULL;
 	int err = conn_get(r, &c);
@@ -299,6 +336,7 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 		redisReply *rep = redisCommandArgv(c->c, TBR__ARGC, a.argv, a.len);
 		int saved = errno;
 		if (rep == NULL) {
+			/* The reply may still come: the connection cannot be reused. */
 			err = conn_error(c->c, saved);
 			conn_drop(c);
 			return err;
@@ -310,6 +348,18 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 		call->flags |= TOKENBUCKET_REDIS_EVAL;
 	}
 	conn_put(r, c);
+	return err;
+}
+
+/* One round trip; a lost script cache is refilled by sending the text once. */
+static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
+		      struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+		      double *tokens)
+{
+	struct tbr__sigpipe sp;
+	sigpipe_block(&sp);
+	int err = exchange(r, call, res, rv, tokens);
+	sigpipe_restore(&sp);
 	return err;
 }
 
