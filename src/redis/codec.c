@@ -121,12 +121,16 @@ static bool read_int(const redisReply *e, int64_t lo, int64_t *out)
 	return true;
 }
 
-/* t - now, at least 0, or TOKENBUCKET_NEVER for a time that never comes. */
+/*
+ * t - now, at least 0; TOKENBUCKET_NEVER for a time that never comes, and
+ * for a span that no int64_t holds (explicit times far apart).
+ */
 static int64_t until(int64_t t, int64_t now)
 {
-	if (t == TOKENBUCKET_NEVER)
-		return TOKENBUCKET_NEVER;
-	return t > now ? t - now : 0;
+	if (t == TOKENBUCKET_NEVER || t <= now)
+		return t == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : 0;
+	uint64_t d = (uint64_t)t - (uint64_t)now;
+	return d >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
 }
 
 int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep,

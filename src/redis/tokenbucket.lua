@@ -468,32 +468,25 @@ local function N(a)
 	return a
 end
 
-local function padd(a, b)
-	if type(a) == "number" and type(b) == "number" then
-		local s = a + b
-		if s < LIM then
-			return s
-		end
+-- x: the result in doubles (false if an operand is limbs); f: the same on limbs.
+local function exact(x, a, b, f)
+	if x and x < LIM then
+		return x
 	end
-	return N(add(L(a), L(b)))
+	return N(f(L(a), L(b)))
+end
+
+local function padd(a, b)
+	return exact(type(a) == "number" and type(b) == "number" and a + b, a, b, add)
 end
 
 -- a - b for a >= b
 local function psub(a, b)
-	if type(a) == "number" and type(b) == "number" then
-		return a - b
-	end
-	return N(sub(L(a), L(b)))
+	return exact(type(a) == "number" and type(b) == "number" and a - b, a, b, sub)
 end
 
 local function pmul(a, b)
-	if type(a) == "number" and type(b) == "number" then
-		local m = a * b
-		if m < LIM then
-			return m
-		end
-	end
-	return N(mul(L(a), L(b)))
+	return exact(type(a) == "number" and type(b) == "number" and a * b, a, b, mul)
 end
 
 local function pcmp(a, b)

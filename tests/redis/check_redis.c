@@ -25,6 +25,17 @@ void redis_teardown(void)
 	server_stop(&srv, false);
 }
 
+void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,
+		 const TTest *const *tests)
+{
+	TCase *tc = tcase_create(name);
+	tcase_add_checked_fixture(tc, setup, redis_teardown);
+	tcase_set_timeout(tc, timeout);
+	for (int i = 0; tests[i] != NULL; i++)
+		tcase_add_test(tc, tests[i]);
+	suite_add_tcase(s, tc);
+}
+
 long redis_sequences(long def)
 {
 	const char *s = getenv("TOKENBUCKET_REDIS_SEQUENCES");

@@ -22,6 +22,9 @@ extern struct tokenbucket_redis *cli;
 /* Starts srv and opens cli on its unix socket with a 500 ms command timeout. */
 void redis_setup(void);
 void redis_teardown(void);
+/* Adds a test case named name to s: each test gets its own server (setup). */
+void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,
+		 const TTest *const *tests);
 /* Sequences for the differential suite: TOKENBUCKET_REDIS_SEQUENCES or def. */
 long redis_sequences(long def);
 

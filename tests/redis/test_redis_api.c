@@ -239,14 +239,7 @@ END_TEST
 Suite *redis_api_suite(void)
 {
 	Suite *s = suite_create("redis-api");
-	TCase *tc = tcase_create("api");
-	tcase_add_checked_fixture(tc, redis_setup, redis_teardown);
-	tcase_set_timeout(tc, 30);
-	tcase_add_test(tc, test_result);
-	tcase_add_test(tc, test_wait);
-	tcase_add_test(tc, test_format_and_parse);
-	tcase_add_test(tc, test_prefix_tcp_and_db);
-	tcase_add_test(tc, test_threads_share_a_client);
-	suite_add_tcase(s, tc);
+	redis_tcase(s, "api", redis_setup, 30,
+		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client, NULL });
 	return s;
 }

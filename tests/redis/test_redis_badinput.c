@@ -186,14 +186,7 @@ END_TEST
 Suite *redis_badinput_suite(void)
 {
 	Suite *s = suite_create("redis-badinput");
-	TCase *tc = tcase_create("badinput");
-	tcase_add_checked_fixture(tc, redis_setup, redis_teardown);
-	tcase_set_timeout(tc, 30);
-	tcase_add_test(tc, test_keys);
-	tcase_add_test(tc, test_configurations);
-	tcase_add_test(tc, test_urls);
-	tcase_add_test(tc, test_raw_arguments);
-	tcase_add_test(tc, test_hostile_values);
-	suite_add_tcase(s, tc);
+	redis_tcase(s, "badinput", redis_setup, 30,
+		    (const TTest *const[]){ test_keys, test_configurations, test_urls, test_raw_arguments, test_hostile_values, NULL });
 	return s;
 }

@@ -156,11 +156,7 @@ END_TEST
 Suite *redis_concurrency_suite(void)
 {
 	Suite *s = suite_create("redis-concurrency");
-	TCase *tc = tcase_create("concurrency");
-	tcase_add_checked_fixture(tc, redis_setup, redis_teardown);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, test_granted_bound);
-	tcase_add_test(tc, test_rate_zero_conserves);
-	suite_add_tcase(s, tc);
+	redis_tcase(s, "concurrency", redis_setup, 60,
+		    (const TTest *const[]){ test_granted_bound, test_rate_zero_conserves, NULL });
 	return s;
 }

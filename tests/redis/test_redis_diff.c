@@ -86,10 +86,7 @@ END_TEST
 Suite *redis_diff_suite(void)
 {
 	Suite *s = suite_create("redis-diff");
-	TCase *tc = tcase_create("differential");
-	tcase_add_checked_fixture(tc, redis_setup, redis_teardown);
-	tcase_set_timeout(tc, 240);
-	tcase_add_test(tc, test_differential);
-	suite_add_tcase(s, tc);
+	redis_tcase(s, "differential", redis_setup, 240,
+		    (const TTest *const[]){ test_differential, NULL });
 	return s;
 }

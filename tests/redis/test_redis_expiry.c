@@ -76,12 +76,7 @@ END_TEST
 Suite *redis_expiry_suite(void)
 {
 	Suite *s = suite_create("redis-expiry");
-	TCase *tc = tcase_create("expiry");
-	tcase_add_checked_fixture(tc, redis_setup, redis_teardown);
-	tcase_set_timeout(tc, 30);
-	tcase_add_test(tc, test_idle_key_expires_when_full);
-	tcase_add_test(tc, test_expiry_follows_explicit_time);
-	tcase_add_test(tc, test_never_full_never_expires);
-	suite_add_tcase(s, tc);
+	redis_tcase(s, "expiry", redis_setup, 30,
+		    (const TTest *const[]){ test_idle_key_expires_when_full, test_expiry_follows_explicit_time, test_never_full_never_expires, NULL });
 	return s;
 }

@@ -103,25 +103,26 @@ START_TEST(test_garbage_and_other_types)
 }
 END_TEST
 
-START_TEST(test_oom)
+/* The server refuses writes after on, with err, and serves again after off. */
+static void refused_until(const char *on, int err, const char *off)
 {
 	works("k");
-	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET maxmemory 1"), REDIS_REPLY_STATUS);
-	ck_assert_int_eq(allow_timed("k", NULL), -ENOMEM);
-	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET maxmemory 0"), REDIS_REPLY_STATUS);
+	ck_assert_int_eq(server_cmd(&srv, on), REDIS_REPLY_STATUS);
+	ck_assert_int_eq(allow_timed("k", NULL), err);
+	ck_assert_int_eq(server_cmd(&srv, off), REDIS_REPLY_STATUS);
 	works("k");
+}
+
+START_TEST(test_oom)
+{
+	refused_until("CONFIG SET maxmemory 1", -ENOMEM, "CONFIG SET maxmemory 0");
 }
 END_TEST
 
 START_TEST(test_readonly_replica)
 {
-	works("k");
-	/* A replica of a master that is not there: it refuses writes. */
-	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET replica-read-only yes"), REDIS_REPLY_STATUS);
-	ck_assert_int_eq(server_cmd(&srv, "REPLICAOF 127.0.0.1 1"), REDIS_REPLY_STATUS);
-	ck_assert_int_eq(allow_timed("k", NULL), -EROFS);
-	ck_assert_int_eq(server_cmd(&srv, "REPLICAOF NO ONE"), REDIS_REPLY_STATUS);
-	works("k");
+	/* A replica (read-only by default) of a master that is not there. */
+	refused_until("REPLICAOF 127.0.0.1 1", -EROFS, "REPLICAOF NO ONE");
 }
 END_TEST
 
@@ -185,21 +186,12 @@ static void busy_setup(void)
 Suite *redis_faults_suite(void)
 {
 	Suite *s = suite_create("redis-faults");
-	TCase *tc = tcase_create("faults");
-	tcase_add_checked_fixture(tc, redis_setup, redis_teardown);
-	tcase_set_timeout(tc, 30);
-	tcase_add_test(tc, test_killed_and_restarted);
-	tcase_add_test(tc, test_paused_past_the_timeout);
-	tcase_add_test(tc, test_script_flush);
-	tcase_add_test(tc, test_garbage_and_other_types);
-	tcase_add_test(tc, test_oom);
-	tcase_add_test(tc, test_readonly_replica);
-	tcase_add_test(tc, test_local_fallback);
-	suite_add_tcase(s, tc);
-	TCase *busy = tcase_create("busy");
-	tcase_add_checked_fixture(busy, busy_setup, redis_teardown);
-	tcase_set_timeout(busy, 30);
-	tcase_add_test(busy, test_busy);
-	suite_add_tcase(s, busy);
+	redis_tcase(s, "faults", redis_setup, 30,
+		    (const TTest *const[]){ test_killed_and_restarted, test_paused_past_the_timeout,
+					    test_script_flush, test_garbage_and_other_types,
+					    test_oom, test_readonly_replica, test_local_fallback,
+					    NULL });
+	redis_tcase(s, "busy", busy_setup, 30,
+		    (const TTest *const[]){ test_busy, NULL });
 	return s;
 }
