@@ -103,10 +103,8 @@ local function tdiff_small(a, b)
 	return nil
 end
 
--- t + w ns for a double w, or nil at or past INT64_MAX (never).
-local function tadd_small(t, w)
-	local r = fmod(w, BIL)
-	local h, l = t[1] + (w - r) / BIL, t[2] + r
+-- The time h * 10^9 + l for 0 <= l < 2 * 10^9, or nil at or past INT64_MAX (never).
+local function tmake(h, l)
 	if l >= BIL then
 		h, l = h + 1, l - BIL
 	end
@@ -115,6 +113,12 @@ local function tadd_small(t, w)
 		return nil
 	end
 	return v
+end
+
+-- t + w ns for a double w, or nil at or past INT64_MAX (never).
+local function tadd_small(t, w)
+	local r = fmod(w, BIL)
+	return tmake(t[1] + (w - r) / BIL, t[2] + r)
 end
 
 local function bad(what)
@@ -248,14 +252,15 @@ local function fast()
 	if lv == 0 then
 		lv = 0 -- never "-0"
 	end
-	local value = table.concat({ "tb1", tshow(t), format("%.0f", lv), format("%.0f", rem), a, b, u }, " ")
+	local ts, ls, rs = tshow(t), format("%.0f", lv), format("%.0f", rem)
+	local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
 	if full then
 		redis.call("SET", key, value, "PX", format("%.0f", floor((wfull + 999999) / 1000000) + 1000))
 	else
 		redis.call("SET", key, value)
 	end
-	return { code, tshow(t), format("%.0f", lv), format("%.0f", rem), b,
-		act and tshow(act) or NEVER, full and tshow(full) or NEVER }
+	return { code, ts, ls, rs, b, act and (act == t and ts or tshow(act)) or NEVER,
+		full and (full == t and ts or tshow(full)) or NEVER }
 end
 local reply = fast()
 if reply then
@@ -569,15 +574,7 @@ local function tadd(t, w)
 	if type(q) ~= "number" then
 		return nil
 	end
-	local h, l = t[1] + q, t[2] + r
-	if l >= BIL then
-		h, l = h + 1, l - BIL
-	end
-	local v = { h, l }
-	if tcmp(v, TMAX) >= 0 then
-		return nil
-	end
-	return v
+	return tmake(t[1] + q, t[2] + r)
 end
 
 -- The configuration: p tokens per q ns (p 0: rate 0, kept as 0 per 1).
