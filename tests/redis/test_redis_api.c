@@ -58,11 +58,11 @@ START_TEST(test_wait)
 	int64_t t0 = tokenbucket_now();
 	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 1, TOKENBUCKET_NEVER, -1), 0);
 	int64_t took = tokenbucket_now() - t0;
-	ck_assert_msg(took >= 80 * MS && took < 300 * MS, "took %lld", (long long)took);
-	/* Not there by the deadline: at once, nothing taken. */
+	ck_assert_msg(took >= 80 * MS && took < 1000 * MS, "took %lld", (long long)took);
+	/* 3 more need 300 ms; not there by a deadline 200 ms away: at once, nothing taken. */
 	t0 = tokenbucket_now();
-	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 3, t0 + 50 * MS, -1), -ETIMEDOUT);
-	ck_assert_int_lt(tokenbucket_now() - t0, 40 * MS);
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 3, t0 + 200 * MS, -1), -ETIMEDOUT);
+	ck_assert_int_lt(tokenbucket_now() - t0, 200 * MS);
 	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 6, TOKENBUCKET_NEVER, -1), -E2BIG);
 	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 1, TOKENBUCKET_NEVER, 12345), -EBADF);
 	/* Cancelled while sleeping: the reservation is given back. */
@@ -78,7 +78,8 @@ START_TEST(test_wait)
 	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("c"), &lim, 5, TOKENBUCKET_NEVER, fd), -ECANCELED);
 	double tokens;
 	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("c"), &lim, &tokens, NULL), 0);
-	ck_assert_msg(tokens >= 0.9 && tokens < 3, "tokens %g", tokens); /* not -4 or less */
+	/* About 1 produced while waiting; without the give-back it would be -4 or less. */
+	ck_assert_msg(tokens >= 0.9 && tokens < 4.9, "tokens %g", tokens);
 	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("c"), &lim, 1, TOKENBUCKET_NEVER, fd), -ECANCELED);
 	close(fd);
 }

@@ -32,7 +32,8 @@ START_TEST(test_idle_key_expires_when_full)
 	ck_assert(res.allowed);
 	ck_assert_int_le(res.reset_after_ns, 5 * MS);
 	long long ttl = pttl("idle");
-	ck_assert_msg(ttl > 990 && ttl <= 1006, "PTTL %lld", ttl);
+	/* 1 s after full (5 ms away), less the time since: slow machines vary. */
+	ck_assert_msg(ttl > 500 && ttl <= 1006, "PTTL %lld", ttl);
 	usleep(1100000);
 	ck_assert_int_eq(pttl("idle"), -2); /* gone */
 	/* What a bucket left alone for a second holds: full. */
@@ -55,7 +56,7 @@ START_TEST(test_expiry_follows_explicit_time)
 	struct tokenbucket_reservation r;
 	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("x"), &lim, 0, 30, 0, &r, NULL), 0);
 	long long ttl = pttl("x");
-	ck_assert_msg(ttl > 30900 && ttl <= 31000, "PTTL %lld", ttl);
+	ck_assert_msg(ttl > 30000 && ttl <= 31000, "PTTL %lld", ttl);
 }
 END_TEST
 
@@ -69,7 +70,7 @@ START_TEST(test_never_full_never_expires)
 	/* Full again (a reset), it expires like any full bucket. */
 	ck_assert_int_eq(tokenbucket_redis_reset(cli, KEY("z"), &zero, 10), 0);
 	long long ttl = pttl("z");
-	ck_assert_msg(ttl > 990 && ttl <= 1000, "PTTL %lld", ttl);
+	ck_assert_msg(ttl > 500 && ttl <= 1000, "PTTL %lld", ttl);
 }
 END_TEST
 
