@@ -159,30 +159,33 @@ local function fast()
 	if not stored or (op ~= "allow" and op ~= "reserve") then
 		return nil
 	end
-	local c, l, r, a, b, u = string.match(stored,
-		"^tb1 (%-?%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
+	-- The clock comes split in its halves h0 * 10^9 + l0 (a clock from 1 s on).
+	local ch, cl, l, r, a, b, u = string.match(stored,
+		"^tb1 ([1-9]%d*)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
 	local ns = ARGV[6]
-	if not c or a ~= ARGV[3] or b ~= ARGV[4] or u ~= ARGV[5] or #l > 15 or #r > 15
-		or #a > 15 or #b > 15 or #u > 15 or #ns == 0 or #ns > 15 or string.find(ns, "%D") then
+	if not ch or a ~= ARGV[3] or b ~= ARGV[4] or u ~= ARGV[5] or #ch > 10 or #l > 15
+		or #r > 15 or #a > 15 or #b > 15 or #u > 15 or #ns == 0 or #ns > 15
+		or string.find(ns, "%D") then
 		return nil
 	end
-	local clock = readint(c)
+	local h0, l0 = tonumber(ch), tonumber(cl)
 	local lv, rem, p, q, sb, n = tonumber(l), tonumber(r), tonumber(a), tonumber(b),
 		tonumber(u), tonumber(ns)
-	if not clock or not lv or tcmp(clock, TMIN) == 0 or tcmp(clock, TMAX) == 0 or q == 0
+	if not lv or h0 > TMAX[1] or (h0 == TMAX[1] and l0 >= TMAX[2]) or q == 0
 		or (p == 0 and q ~= 1) or rem >= q or lv > sb or n > sb then
 		return nil
 	end
-	local t = now
-	if tcmp(t, clock) < 0 then
-		t = clock
+	-- t = max(now, clock), as (th, tl)
+	local th, tl = now[1], now[2]
+	if th < h0 or (th == h0 and tl < l0) then
+		th, tl = h0, l0
 	end
 	if p ~= 0 then
-		local dt = tdiff_small(t, clock)
-		if dt == nil then
+		local dh = th - h0
+		if dh >= 9007198 then
 			return nil
 		end
-		local x = dt * p + rem
+		local x = (dh * BIL + (tl - l0)) * p + rem
 		if x >= LIM then
 			return nil
 		end
@@ -194,8 +197,8 @@ local function fast()
 			end
 		end
 	end
-	-- When d more tokens are there: a time, false for never, nil to hand over.
-	local function at(d)
+	-- The ns until d more tokens are there: false for never, nil to hand over.
+	local function span(d)
 		if p == 0 then
 			return false
 		end
@@ -208,13 +211,30 @@ local function fast()
 		if m > 0 then
 			w = w + 1
 		end
-		return tadd_small(t, w) or false
+		return w
 	end
-	local code, act = 1, t
-	if lv < n then
-		act = at(n - lv)
-		if act == nil then
+	-- t + w in decimal, or nil at or past INT64_MAX (never).
+	local function after(w)
+		local wr = fmod(w, BIL)
+		local h, lo = th + (w - wr) / BIL, tl + wr
+		if lo >= BIL then
+			h, lo = h + 1, lo - BIL
+		end
+		if h > TMAX[1] or (h == TMAX[1] and lo >= TMAX[2]) then
 			return nil
+		end
+		return format("%.0f%09.0f", h, lo)
+	end
+	local ts = format("%.0f%09.0f", th, tl)
+	local code, w, acts = 1, 0, ts
+	if lv < n then
+		w = span(n - lv)
+		if w == nil then
+			return nil
+		end
+		acts = w and after(w)
+		if not acts then
+			w, acts = false, NEVER
 		end
 	end
 	if op == "allow" then
@@ -222,13 +242,14 @@ local function fast()
 			code = 0
 		end
 	else
+		-- max_wait INT64_MAX is no limit; no wait is short enough for a negative one.
 		local mw = readint(ARGV[7])
 		if mw == nil then
 			return nil
 		end
 		local ok = tcmp(mw, TMAX) == 0
-		if not ok and act and mw[1] >= 0 then
-			local w, m = tdiff_small(act, t), tdiff_small(mw, { 0, 0 })
+		if not ok and w and mw[1] >= 0 then
+			local m = tdiff_small(mw, { 0, 0 })
 			ok = m == nil or w <= m
 		end
 		if not ok then
@@ -238,29 +259,28 @@ local function fast()
 	if code == 1 then
 		lv = lv - n
 	end
-	local full = t
+	local wf, fulls = 0, ts
 	if lv < sb then
-		full = at(sb - lv)
-		if full == nil then
+		wf = span(sb - lv)
+		if wf == nil then
 			return nil
 		end
-	end
-	local wfull = full and tdiff_small(full, t)
-	if full and wfull == nil then
-		return nil
+		fulls = wf and after(wf)
+		if not fulls then
+			wf, fulls = false, NEVER
+		end
 	end
 	if lv == 0 then
 		lv = 0 -- never "-0"
 	end
-	local ts, ls, rs = tshow(t), format("%.0f", lv), format("%.0f", rem)
+	local ls, rs = format("%.0f", lv), format("%.0f", rem)
 	local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
-	if full then
-		redis.call("SET", key, value, "PX", format("%.0f", floor((wfull + 999999) / 1000000) + 1000))
+	if wf then
+		redis.call("SET", key, value, "PX", format("%.0f", floor((wf + 999999) / 1000000) + 1000))
 	else
 		redis.call("SET", key, value)
 	end
-	return { code, ts, ls, rs, b, act and (act == t and ts or tshow(act)) or NEVER,
-		full and (full == t and ts or tshow(full)) or NEVER }
+	return { code, ts, ls, rs, b, acts, fulls }
 end
 local reply = fast()
 if reply then
