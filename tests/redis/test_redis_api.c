@@ -71,6 +71,7 @@ START_TEST(test_wait)
 	ck_assert_int_eq(tokenbucket_redis_reset(cli, KEY("c"), &lim, 0), 0);
 	pid_t child = fork();
 	if (child == 0) {
+		tokenbucket_redis_close(cli); /* the parent's */
 		usleep(100000);
 		uint64_t one = 1;
 		_exit(write(fd, &one, sizeof(one)) == sizeof(one) ? 0 : 1);

@@ -89,6 +89,9 @@ static void run_all(const struct tokenbucket_redis_limit *lim, int64_t run_ns, b
 		pids[i] = fork();
 		ck_assert_int_ge(pids[i], 0);
 		if (pids[i] == 0) {
+			/* The test's own client is the parent's; this process opens its own. */
+			tokenbucket_redis_close(cli);
+			cli = NULL;
 			close(fds[0]);
 			process(lim, start + run_ns, conserve, at, fds[1], i);
 		}

@@ -133,6 +133,7 @@ START_TEST(test_busy)
 	pid_t child = fork();
 	ck_assert_int_ge(child, 0);
 	if (child == 0) {
+		tokenbucket_redis_close(cli); /* the parent's */
 		/* Blocks the server in a script until SCRIPT KILL. */
 		server_cmd(&srv, "EVAL %s 0", "while true do end");
 		_exit(0);
