@@ -81,7 +81,9 @@ int main(int argc, char **argv)
 			total += granted;
 	}
 	double seconds = (double)(tokenbucket_now() - start) / 1e9;
-	double most = 10 + 100 * seconds;
+	/* The bucket runs on the server's clock, this span on ours: allow one
+	 * token for the two disagreeing by a slew. */
+	double most = 10 + 100 * seconds + 1;
 	printf("together: %ld granted in %.2f s, at most %.0f allowed\n", total, seconds, most);
 	return ok && total <= most ? EXIT_SUCCESS : EXIT_FAILURE;
 }
