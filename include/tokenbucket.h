@@ -266,8 +266,11 @@ struct tokenbucket_result {
 	unsigned flags;          /* TOKENBUCKET_RESULT_* */
 	uint64_t limit;          /* the burst */
 	uint64_t remaining;      /* whole tokens left after the decision; 0 in debt */
-	int64_t retry_after_ns;  /* until the tokens asked for are (or were) there: 0 if now, TOKENBUCKET_NEVER if never */
-	int64_t reset_after_ns;  /* until the bucket is full again; TOKENBUCKET_NEVER if never */
+	/* Nanoseconds until the tokens asked for are (or were) there: 0 if now,
+	 * TOKENBUCKET_NEVER if never. */
+	int64_t retry_after_ns;
+	/* Nanoseconds until the bucket is full again; TOKENBUCKET_NEVER if never. */
+	int64_t reset_after_ns;
 	uint64_t reserved[2];    /* zero */
 };
 /* The decision was made by a local fallback bucket, not by the shared one. */

@@ -436,7 +436,8 @@ static void local_result(struct tokenbucket *tb, bool allowed, int64_t retry,
 		.limit = burst,
 		.remaining = level >= 1 ? (uint64_t)level : 0,
 		.retry_after_ns = retry,
-		.reset_after_ns = level >= (double)burst ? 0 : tokenbucket_duration_for(tb, burst - (uint64_t)(level > 0 ? level : 0)),
+		.reset_after_ns = level >= (double)burst
+			? 0 : tokenbucket_duration_for(tb, burst - (uint64_t)(level > 0 ? level : 0)),
 	};
 }
 
@@ -454,7 +455,8 @@ static int fallback(struct tokenbucket_redis *r, const struct tokenbucket_redis_
 	} else if (tb != NULL) {
 		struct tokenbucket_reservation v;
 		err = tokenbucket_reserve(tb, call->n, call->arg, &v);
-		int64_t delay = err == 0 ? tokenbucket_reservation_delay(&v, tokenbucket_now()) : TOKENBUCKET_NEVER;
+		int64_t delay = err == 0 ? tokenbucket_reservation_delay(&v, tokenbucket_now())
+				       : TOKENBUCKET_NEVER;
 		local_result(tb, err == 0, delay, res);
 		if (err == 0 && rv != NULL) {
 			*rv = v;

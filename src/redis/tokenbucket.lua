@@ -226,16 +226,24 @@ local function fast()
 		return format("%.0f%09.0f", h, lo)
 	end
 	local ts = format("%.0f%09.0f", th, tl)
-	local code, w, acts = 1, 0, ts
-	if lv < n then
-		w = span(n - lv)
+	-- For d more tokens: the span (false: never) and the time in decimal; nil to hand over.
+	local function when(d)
+		if d <= 0 then
+			return 0, ts
+		end
+		local w = span(d)
 		if w == nil then
 			return nil
 		end
-		acts = w and after(w)
-		if not acts then
-			w, acts = false, NEVER
+		local at = w and after(w)
+		if not at then
+			return false, NEVER
 		end
+		return w, at
+	end
+	local code, w, acts = 1, when(n - lv)
+	if w == nil then
+		return nil
 	end
 	if op == "allow" then
 		if lv < n then
@@ -259,16 +267,9 @@ local function fast()
 	if code == 1 then
 		lv = lv - n
 	end
-	local wf, fulls = 0, ts
-	if lv < sb then
-		wf = span(sb - lv)
-		if wf == nil then
-			return nil
-		end
-		fulls = wf and after(wf)
-		if not fulls then
-			wf, fulls = false, NEVER
-		end
+	local wf, fulls = when(sb - lv)
+	if wf == nil then
+		return nil
 	end
 	if lv == 0 then
 		lv = 0 -- never "-0"
@@ -340,13 +341,8 @@ local function add(a, b)
 	local n = #a > #b and #a or #b
 	for i = 1, n do
 		local s = (a[i] or 0) + (b[i] or 0) + c
-		if s >= B then
-			r[i] = s - B
-			c = 1
-		else
-			r[i] = s
-			c = 0
-		end
+		c = s >= B and 1 or 0
+		r[i] = s - c * B
 	end
 	if c > 0 then
 		r[n + 1] = c
@@ -359,13 +355,8 @@ local function sub(a, b)
 	local r, c = {}, 0
 	for i = 1, #a do
 		local s = a[i] - (b[i] or 0) - c
-		if s < 0 then
-			r[i] = s + B
-			c = 1
-		else
-			r[i] = s
-			c = 0
-		end
+		c = s < 0 and 1 or 0
+		r[i] = s + c * B
 	end
 	return norm(r)
 end
