@@ -259,6 +259,28 @@ TOKENBUCKET_API int tokenbucket_set_rate_every_at(struct tokenbucket *tb, int64_
 TOKENBUCKET_API int tokenbucket_set_burst(struct tokenbucket *tb, uint64_t burst);
 TOKENBUCKET_API int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst);
 
+/* ---- A decision, as a server reports it ----------------------------------- */
+
+/*
+ * One rate-limiting decision in the terms of RateLimit and Retry-After
+ * headers.  A type only: libtokenbucket-redis fills it (and a per-key
+ * table may); the core functions above do not use it.
+ */
+struct tokenbucket_result {
+	bool allowed;            /* the request was granted */
+	unsigned flags;          /* TOKENBUCKET_RESULT_* */
+	uint64_t limit;          /* the burst */
+	uint64_t remaining;      /* whole tokens left after the decision; 0 in debt */
+	/* Nanoseconds until the tokens asked for are (or were) there: 0 if now,
+	 * TOKENBUCKET_NEVER if never. */
+	int64_t retry_after_ns;
+	/* Nanoseconds until the bucket is full again; TOKENBUCKET_NEVER if never. */
+	int64_t reset_after_ns;
+	uint64_t reserved[2];    /* zero */
+};
+/* The decision was made by a local fallback bucket, not by the shared one. */
+#define TOKENBUCKET_RESULT_LOCAL (1u << 0)
+
 #ifdef __cplusplus
 }
 #endif

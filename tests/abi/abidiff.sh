@@ -23,8 +23,18 @@ if [ $# -ne 2 ]; then
 fi
 lib=$1
 src=$2
-baseline=$src/abi/libtokenbucket.so.1.abi
-symbols=$src/debian/libtokenbucket1.symbols
+# The baseline and symbols file of the library named (libtokenbucket or
+# libtokenbucket-redis).
+case $(basename "$lib") in
+libtokenbucket-redis.so*)
+	baseline=$src/abi/libtokenbucket-redis.so.1.abi
+	symbols=$src/debian/libtokenbucket-redis1.symbols
+	;;
+*)
+	baseline=$src/abi/libtokenbucket.so.1.abi
+	symbols=$src/debian/libtokenbucket1.symbols
+	;;
+esac
 NM=${NM:-nm}
 
 . "$(dirname "$0")/../skip.sh"
@@ -51,7 +61,7 @@ if [ $rc -ne 0 ]; then
 	if [ $((rc & 8)) -ne 0 ]; then
 		echo "abidiff: FAIL: incompatible ABI change against $baseline" >&2
 	elif [ $((rc & 4)) -ne 0 ]; then
-		echo "abidiff: FAIL: the ABI of what libtokenbucket.so.1 already exports changed" >&2
+		echo "abidiff: FAIL: the ABI of what $(basename "$baseline" .abi) already exports changed" >&2
 	else
 		echo "abidiff: FAIL: abidiff could not compare (status $rc)" >&2
 	fi
@@ -76,7 +86,7 @@ while read -r sym; do
 		status=1
 	fi
 	if ! grep -q "^ $sym " "$symbols"; then
-		echo "abidiff: FAIL: $sym has no line in debian/libtokenbucket1.symbols" >&2
+		echo "abidiff: FAIL: $sym has no line in $symbols" >&2
 		status=1
 	fi
 	if [ ! -f "$src/man/man3/$fn.3" ]; then

@@ -3,7 +3,8 @@
 #
 # usage: update-baseline.sh LIBRARY SRCDIR
 #
-# Rewrites SRCDIR/abi/libtokenbucket.so.1.abi from LIBRARY, which must be a
+# Rewrites SRCDIR/abi/libtokenbucket.so.1.abi (or libtokenbucket-redis.so.1.abi
+# for that library) from LIBRARY, which must be a
 # build with debugging information (CMAKE_BUILD_TYPE=RelWithDebInfo).  Run it
 # only in the change that adds a version node, together with that node's
 # symbols-file lines and manual pages; abidiff.sh explains what it accepts.
@@ -23,7 +24,11 @@ if ! readelf -S "$lib" | grep -q '\.debug_info'; then
 	echo "$lib has no debugging information: build with CMAKE_BUILD_TYPE=RelWithDebInfo" >&2
 	exit 1
 fi
+case $(basename "$lib") in
+libtokenbucket-redis.so*) out=$src/abi/libtokenbucket-redis.so.1.abi ;;
+*) out=$src/abi/libtokenbucket.so.1.abi ;;
+esac
 abidw --no-corpus-path --no-comp-dir-path --no-show-locs \
 	--headers-dir "$src/include" --drop-private-types --drop-undefined-syms \
-	--out-file "$src/abi/libtokenbucket.so.1.abi" "$lib"
-echo "wrote $src/abi/libtokenbucket.so.1.abi"
+	--out-file "$out" "$lib"
+echo "wrote $out"

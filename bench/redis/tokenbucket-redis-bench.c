@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe]
+ *
+ * Allow calls on one hot key (KEYS 1) or on random keys out of KEYS, with
+ * INFLIGHT of them outstanding, for SECONDS.  By default INFLIGHT threads
+ * share one client (a connection each, from its pool) and block in
+ * tokenbucket_redis_allow; with "pipe" one thread keeps INFLIGHT calls
+ * outstanding on one TCP connection (URL redis://HOST:PORT) through
+ * tokenbucket_redis_format and tokenbucket_redis_parse, as an event loop
+ * would.  Prints "decisions/s p50_us p99_us errors".
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <errno.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <tokenbucket-redis.h>
+
+#define SAMPLES 400000
+
+struct worker {
+	struct tokenbucket_redis *r;
+	long keys;
+	int64_t until;
+	uint64_t seed;
+	long calls, errors, nsamples;
+	int64_t *samples;
+};
+
+/* 1000 tokens per second, burst 100: the hot key refuses most calls. */
+static const struct tokenbucket_redis_limit limit = { .tokens = 1, .period_ns = 1000000, .burst = 100 };
+
+static uint64_t next_key(uint64_t *seed, long keys)
+{
+	if (keys <= 1)
+		return 0;
+	*seed = *seed * 6364136223846793005u + 1442695040888963407u;
+	return (*seed >> 33) % (uint64_t)keys;
+}
+
+static void *work(void *arg)
+{
+	struct worker *w = arg;
+	char key[32];
+	while (tokenbucket_now() < w->until) {
+		int len = snprintf(key, sizeof(key), "bench:%llu",
+				   (unsigned long long)next_key(&w->seed, w->keys));
+		struct tokenbucket_result res;
+		int64_t t0 = tokenbucket_now();
+		int err = tokenbucket_redis_allow(w->r, key, (size_t)len, &limit, 1, &res);
+		int64_t t1 = tokenbucket_now();
+		w->calls++;
+		w->errors += err != 0;
+		if (w->nsamples < SAMPLES)
+			w->samples[w->nsamples++] = t1 - t0;
+	}
+	return NULL;
+}
+
+static int cmp64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return (x > y) - (x < y);
+}
+
+/* One connection, inflight calls outstanding; fills w as the threads do. */
+static int pipelined(const char *url, int inflight, struct worker *w)
+{
+	char host[64];
+	int port;
+	if (sscanf(url, "redis://%63[^:]:%d", host, &port) != 2)
+		return -1;
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int one = 1;
+	if (fd < 0 || inet_pton(AF_INET, host, &a.sin_addr) != 1 ||
+	    connect(fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+	    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0)
+		return -1;
+	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .limit = limit, .n = 1 };
+	int64_t *sent = calloc((size_t)inflight, sizeof(int64_t)); /* a FIFO: replies come in order */
+	size_t cap = 1 << 20, have = 0, head = 0, out = 0;
+	char *in = malloc(cap), key[32];
+	/* Load the script once, as a client does on its first NOSCRIPT. */
+	call.flags = TOKENBUCKET_REDIS_EVAL;
+	for (;;) {
+		bool more = tokenbucket_now() < w->until;
+		char *batch = NULL;
+		size_t blen = 0;
+		while (more && out < (size_t)inflight) {
+			int len = snprintf(key, sizeof(key), "bench:%llu",
+					   (unsigned long long)next_key(&w->seed, w->keys));
+			call.key = key;
+			call.keylen = (size_t)len;
+			char *cmd;
+			size_t clen;
+			if (tokenbucket_redis_format(&call, &cmd, &clen) != 0)
+				return -1;
+			batch = realloc(batch, blen + clen);
+			memcpy(batch + blen, cmd, clen);
+			blen += clen;
+			free(cmd);
+			sent[(head + out++) % (size_t)inflight] = tokenbucket_now();
+			if (call.flags != 0) {
+				call.flags = 0;
+				break; /* the EVAL goes alone */
+			}
+		}
+		if (blen > 0 && write(fd, batch, blen) != (ssize_t)blen)
+			return -1;
+		free(batch);
+		if (out == 0)
+			break;
+		ssize_t n = read(fd, in + have, cap - have);
+		if (n <= 0)
+			return -1;
+		have += (size_t)n;
+		for (;;) {
+			size_t used;
+			struct tokenbucket_result res;
+			int err = tokenbucket_redis_parse(&call, in, have, &used, &res, NULL, NULL);
+			if (err == -EAGAIN)
+				break;
+			int64_t lat = tokenbucket_now() - sent[head];
+			head = (head + 1) % (size_t)inflight;
+			out--;
+			w->calls++;
+			w->errors += err != 0;
+			if (w->nsamples < SAMPLES)
+				w->samples[w->nsamples++] = lat;
+			memmove(in, in + used, have - used);
+			have -= used;
+		}
+	}
+	free(sent);
+	free(in);
+	close(fd);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 5 && !(argc == 6 && strcmp(argv[5], "pipe") == 0)) {
+		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe]\n", argv[0]);
+		return 2;
+	}
+	int inflight = atoi(argv[2]);
+	long keys = atol(argv[3]);
+	double seconds = atof(argv[4]);
+	if (inflight < 1 || keys < 1 || seconds <= 0)
+		return 2;
+	struct tokenbucket_redis *r;
+	if (tokenbucket_redis_open(&r, argv[1], 1000000000, 1000000000) != 0)
+		return 1;
+	struct worker *w = calloc((size_t)inflight, sizeof(*w));
+	pthread_t *t = calloc((size_t)inflight, sizeof(*t));
+	int64_t start = tokenbucket_now();
+	if (argc == 6) {
+		/* One worker record holds the pipelined run's counts and samples. */
+		w[0] = (struct worker){ .keys = keys, .seed = 1, .until = start + (int64_t)(seconds * 1e9),
+					.samples = malloc(SAMPLES * sizeof(int64_t)) };
+		if (pipelined(argv[1], inflight, &w[0]) != 0) {
+			fprintf(stderr, "pipelined run failed\n");
+			return 1;
+		}
+		inflight = 1;
+	}
+	for (int i = 0; i < inflight && argc == 5; i++) {
+		w[i] = (struct worker){ .r = r, .keys = keys, .seed = (uint64_t)i * 7919 + 1,
+					.until = start + (int64_t)(seconds * 1e9),
+					.samples = malloc(SAMPLES * sizeof(int64_t)) };
+		pthread_create(&t[i], NULL, work, &w[i]);
+	}
+	long calls = 0, errors = 0, n = 0;
+	for (int i = 0; i < inflight; i++) {
+		if (argc == 5)
+			pthread_join(t[i], NULL);
+		calls += w[i].calls;
+		errors += w[i].errors;
+		n += w[i].nsamples;
+	}
+	double elapsed = (double)(tokenbucket_now() - start) / 1e9;
+	int64_t *all = malloc((size_t)n * sizeof(int64_t));
+	long at = 0;
+	for (int i = 0; i < inflight; i++) {
+		memcpy(all + at, w[i].samples, (size_t)w[i].nsamples * sizeof(int64_t));
+		at += w[i].nsamples;
+		free(w[i].samples);
+	}
+	qsort(all, (size_t)n, sizeof(int64_t), cmp64);
+	printf("%.0f %.1f %.1f %ld\n", (double)calls / elapsed, (double)all[n / 2] / 1e3,
+	       (double)all[n * 99 / 100] / 1e3, errors);
+	free(all);
+	free(w);
+	free(t);
+	tokenbucket_redis_close(r);
+	return errors == 0 ? 0 : 1;
+}

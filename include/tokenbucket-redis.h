@@ -1,0 +1,211 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libtokenbucket-redis: libtokenbucket's bucket kept in Redis and shared by
+ * every process that names the same key.
+ *
+ * Each decision is one round trip: EVALSHA of one Lua script (installed as
+ * tokenbucket.lua, documented in tokenbucket-redis(7)) that computes exactly
+ * what a local bucket computes, in multi-limb integer arithmetic.  A script
+ * cache lost to a restart, a failover or SCRIPT FLUSH is refilled with EVAL
+ * on the same call.
+ *
+ * Conventions:
+ *  - Every call names a key (any bytes; prefixed with the client's prefix)
+ *    and carries the key's configuration.  A stored bucket whose
+ *    configuration differs is reconfigured at that instant, as
+ *    tokenbucket_set_rate_every_at() and then tokenbucket_set_burst_at()
+ *    would do.
+ *  - Time comes from the Redis server (TIME, nanoseconds since the epoch);
+ *    the _at functions take the caller's time instead, on any time base
+ *    that every user of the key shares.  Time never runs backwards per key.
+ *  - Functions return 0 or a negative errno value; see tokenbucket-redis(7)
+ *    for the table.  -ETIME means no reply within the command timeout.
+ *  - One client may be used from any number of threads at once: each call
+ *    takes a connection from the client's pool (opening one when none is
+ *    idle), so calls run in parallel.  The set_* functions must not run
+ *    concurrently with calls.
+ */
+#ifndef TOKENBUCKET_REDIS_H
+#define TOKENBUCKET_REDIS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <tokenbucket.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct tokenbucket_redis;
+
+/* A key's configuration: tokens per period_ns (tokens 0: rate 0), and burst. */
+struct tokenbucket_redis_limit {
+	uint64_t tokens;
+	int64_t period_ns;
+	uint64_t burst;
+};
+
+/* ---- Clients ------------------------------------------------------------- */
+
+/*
+ * Creates a client for url: "redis://host[:port][/db]", "unix:/path[?db=N]"
+ * or a socket path starting with "/".  Connections open on first use and
+ * reopen on the call after a failure.  connect_timeout_ns bounds each
+ * connection attempt, command_timeout_ns each round trip (<= 0: 1 second).
+ * -EINVAL: rp or url NULL, url malformed.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
+					   int64_t connect_timeout_ns,
+					   int64_t command_timeout_ns);
+/* Closes every connection and frees the client; accepts NULL. */
+TOKENBUCKET_API void tokenbucket_redis_close(struct tokenbucket_redis *r);
+/*
+ * Prepends prefix (len bytes, may hold a Cluster hash tag "{...}") to every
+ * key.  -EINVAL: r NULL, prefix NULL with len > 0.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r,
+						 const void *prefix, size_t len);
+/*
+ * When Redis cannot answer (connection, timeout, OOM, READONLY, BUSY,
+ * LOADING), allow and reserve decide with a local bucket per key holding
+ * share (0 < share <= 1) of the rate and of the burst, and say so with
+ * TOKENBUCKET_RESULT_LOCAL.  share 0 turns the fallback off (the default).
+ * -EINVAL: r NULL, share NaN, negative or above 1.
+ */
+TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share);
+
+/* ---- Decisions ----------------------------------------------------------- */
+
+/*
+ * Go's AllowN on the shared bucket: takes n tokens if they are there.
+ * 0 and *res filled (res->allowed says whether; n > burst is refused with
+ * retry_after_ns TOKENBUCKET_NEVER).  res may be NULL.
+ */
+TOKENBUCKET_API int tokenbucket_redis_allow(struct tokenbucket_redis *r, const void *key,
+					    size_t keylen,
+					    const struct tokenbucket_redis_limit *lim, uint64_t n,
+					    struct tokenbucket_result *res);
+TOKENBUCKET_API int tokenbucket_redis_allow_at(struct tokenbucket_redis *r, const void *key,
+					       size_t keylen,
+					       const struct tokenbucket_redis_limit *lim,
+					       int64_t now, uint64_t n,
+					       struct tokenbucket_result *res);
+/*
+ * Go's reserveN: takes n tokens, possibly into debt, if they are there within
+ * max_wait ns (TOKENBUCKET_NEVER: no limit); rv->time_to_act is on the
+ * server's clock (or the caller's, for _at).  -E2BIG: n > burst.
+ * -ETIMEDOUT: the wait would exceed max_wait (*res still filled).
+ * -EOVERFLOW: the debt would exceed TOKENBUCKET_DEBT_MAX.  res may be NULL.
+ */
+TOKENBUCKET_API int tokenbucket_redis_reserve(struct tokenbucket_redis *r, const void *key,
+					      size_t keylen,
+					      const struct tokenbucket_redis_limit *lim, uint64_t n,
+					      int64_t max_wait, struct tokenbucket_reservation *rv,
+					      struct tokenbucket_result *res);
+TOKENBUCKET_API int tokenbucket_redis_reserve_at(struct tokenbucket_redis *r, const void *key,
+						 size_t keylen,
+						 const struct tokenbucket_redis_limit *lim,
+						 int64_t now, uint64_t n, int64_t max_wait,
+						 struct tokenbucket_reservation *rv,
+						 struct tokenbucket_result *res);
+/*
+ * Go's CancelAt, exact: gives back all rv->tokens unless now is past
+ * rv->time_to_act, within burst, and sets rv->tokens to 0.
+ */
+TOKENBUCKET_API int tokenbucket_redis_cancel(struct tokenbucket_redis *r, const void *key,
+					     size_t keylen,
+					     const struct tokenbucket_redis_limit *lim,
+					     struct tokenbucket_reservation *rv);
+TOKENBUCKET_API int tokenbucket_redis_cancel_at(struct tokenbucket_redis *r, const void *key,
+						size_t keylen,
+						const struct tokenbucket_redis_limit *lim,
+						struct tokenbucket_reservation *rv, int64_t now);
+/*
+ * Go's TokensAt: *tokens is the level (negative in debt, fractional where
+ * the rate makes it so).  tokens and res may be NULL.
+ */
+TOKENBUCKET_API int tokenbucket_redis_tokens(struct tokenbucket_redis *r, const void *key,
+					     size_t keylen,
+					     const struct tokenbucket_redis_limit *lim,
+					     double *tokens, struct tokenbucket_result *res);
+TOKENBUCKET_API int tokenbucket_redis_tokens_at(struct tokenbucket_redis *r, const void *key,
+						size_t keylen,
+						const struct tokenbucket_redis_limit *lim,
+						int64_t now, double *tokens,
+						struct tokenbucket_result *res);
+/*
+ * The bucket's clock becomes now (even if earlier) and it holds tokens.
+ * -EINVAL also when tokens > burst.
+ */
+TOKENBUCKET_API int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key,
+					    size_t keylen,
+					    const struct tokenbucket_redis_limit *lim,
+					    uint64_t tokens);
+TOKENBUCKET_API int tokenbucket_redis_reset_at(struct tokenbucket_redis *r, const void *key,
+					       size_t keylen,
+					       const struct tokenbucket_redis_limit *lim,
+					       int64_t now, uint64_t tokens);
+/*
+ * Go's WaitN on the shared bucket: reserves n tokens, then sleeps until
+ * they are there.  deadline is absolute on tokenbucket_now()'s clock
+ * (TOKENBUCKET_NEVER: none); cancel_fd becomes readable to cancel, or is -1.
+ * -ETIMEDOUT: not there by the deadline (nothing taken).  -ECANCELED: the
+ * reservation is given back.  -EBADF: cancel_fd is not open.
+ */
+TOKENBUCKET_API int tokenbucket_redis_wait(struct tokenbucket_redis *r, const void *key,
+					   size_t keylen,
+					   const struct tokenbucket_redis_limit *lim, uint64_t n,
+					   int64_t deadline, int cancel_fd);
+
+/* ---- Without blocking: build the command, parse the reply ---------------- */
+
+enum tokenbucket_redis_op {
+	TOKENBUCKET_REDIS_ALLOW,
+	TOKENBUCKET_REDIS_RESERVE,
+	TOKENBUCKET_REDIS_CANCEL,
+	TOKENBUCKET_REDIS_TOKENS,
+	TOKENBUCKET_REDIS_RESET
+};
+/* Flags of struct tokenbucket_redis_call. */
+#define TOKENBUCKET_REDIS_AT (1u << 0)   /* use now, not the server's clock */
+#define TOKENBUCKET_REDIS_EVAL (1u << 1) /* send the script's text (after -ENOEXEC) */
+
+/* One call, as the blocking functions above make it. */
+struct tokenbucket_redis_call {
+	enum tokenbucket_redis_op op;
+	unsigned flags;                       /* TOKENBUCKET_REDIS_* */
+	const void *key;                      /* the whole key: no prefix is added */
+	size_t keylen;
+	struct tokenbucket_redis_limit limit;
+	int64_t now;                          /* with TOKENBUCKET_REDIS_AT */
+	uint64_t n;                           /* tokens; for RESET the level */
+	int64_t arg;                          /* RESERVE: max_wait; CANCEL: time_to_act */
+};
+
+/*
+ * Writes the command for call in Redis's protocol to a new buffer *cmd of
+ * *len bytes (free it with free()), to be sent on any connection.
+ * -EINVAL: a NULL pointer, a bad op, flag or configuration.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_format(const struct tokenbucket_redis_call *call,
+					     char **cmd, size_t *len);
+/*
+ * Parses the reply to call at the start of buf (len bytes read so far):
+ * 0 and *used bytes consumed once a whole reply is there, -EAGAIN while it
+ * is not; -ENOEXEC when the script is not loaded (send the call again with
+ * TOKENBUCKET_REDIS_EVAL); otherwise what the blocking call returns, with
+ * *used set too.  res, rv (RESERVE) and tokens (TOKENS) may be NULL.
+ */
+TOKENBUCKET_API int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call,
+					    const char *buf, size_t len, size_t *used,
+					    struct tokenbucket_result *res,
+					    struct tokenbucket_reservation *rv, double *tokens);
+/* The Lua script's text (NUL-terminated) and, if sha1 is not NULL, its SHA-1 in hex. */
+TOKENBUCKET_API const char *tokenbucket_redis_script(const char **sha1);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* TOKENBUCKET_REDIS_H */

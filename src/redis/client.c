@@ -1,0 +1,648 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Clients: the URL, a pool of blocking hiredis connections, the round trip
+ * with its NOSCRIPT retry, and the local fallback.
+ *
+ * Thread safety: a call takes an idle connection from the pool (or opens
+ * one), uses it alone, and puts it back; the pool's mutex is held only to
+ * pop and push.  So N threads use up to N connections at once and never
+ * wait for each other's round trips.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "internal.h"
+
+/* Idle connections kept beyond this are closed. */
+#define TBR__IDLE_MAX 64
+/* Local fallback buckets: one per slot, a key hashing into a taken slot replaces it. */
+#define TBR__FALLBACK_SLOTS 256
+
+struct tbr__conn {
+	redisContext *c;
+	struct tbr__conn *next;
+};
+
+struct tbr__local {
+	char *key;
+	size_t keylen;
+	struct tokenbucket_redis_limit limit;
+	struct tokenbucket *tb;
+};
+
+struct tokenbucket_redis {
+	pthread_mutex_t lock; /* the pool */
+	struct tbr__conn *idle;
+	unsigned nidle;
+	char *host; /* NULL for a unix socket */
+	char *path;
+	int port;
+	int db;
+	struct timeval connect_tv, command_tv;
+	char *prefix;
+	size_t prefixlen;
+	double share;
+	pthread_mutex_t fallback_lock;
+	struct tbr__local *local; /* TBR__FALLBACK_SLOTS, allocated on first use */
+};
+
+static struct timeval tv_of(int64_t ns)
+{
+	if (ns <= 0)
+		ns = 1000000000;
+	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
+}
+
+static int parse_db(const char *s, int *db)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || v < 0 || v > INT_MAX)
+		return -EINVAL;
+	*db = (int)v;
+	return 0;
+}
+
+/* redis://host[:port][/db], unix:/path[?db=N], /path */
+static int parse_url(struct tokenbucket_redis *r, const char *url)
+{
+	r->port = 6379;
+	if (url[0] == '/' || strncmp(url, "unix:", 5) == 0) {
+		const char *p = url[0] == '/' ? url : url + 5;
+		while (p[0] == '/' && p[1] == '/')
+			p++; /* unix:///path */
+		if (p[0] != '/')
+			return -EINVAL;
+		r->path = strdup(p);
+		if (r->path == NULL)
+			return -ENOMEM;
+		char *q = strstr(r->path, "?db=");
+		if (q != NULL) {
+			*q = '\0';
+			return parse_db(q + 4, &r->db);
+		}
+		return 0;
+	}
+	if (strncmp(url, "redis://", 8) != 0)
+		return -EINVAL;
+	const char *h = url + 8;
+	size_t hl = strcspn(h, ":/");
+	if (hl == 0)
+		return -EINVAL;
+	r->host = strndup(h, hl);
+	if (r->host == NULL)
+		return -ENOMEM;
+	const char *p = h + hl;
+	if (*p == ':') {
+		char *end;
+		errno = 0;
+		long port = strtol(p + 1, &end, 10);
+		if (errno != 0 || end == p + 1 || port <= 0 || port > 65535 || (*end != '\0' && *end != '/'))
+			return -EINVAL;
+		r->port = (int)port;
+		p = end;
+	}
+	if (*p == '/' && p[1] != '\0')
+		return parse_db(p + 1, &r->db);
+	return *p == '\0' || (p[0] == '/' && p[1] == '\0') ? 0 : -EINVAL;
+}
+
+int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
+			   int64_t connect_timeout_ns, int64_t command_timeout_ns)
+{
+	if (rp == NULL || url == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return -ENOMEM;
+	pthread_mutex_init(&r->lock, NULL);
+	pthread_mutex_init(&r->fallback_lock, NULL);
+	r->connect_tv = tv_of(connect_timeout_ns);
+	r->command_tv = tv_of(command_timeout_ns);
+	int err = parse_url(r, url);
+	if (err != 0) {
+		tokenbucket_redis_close(r);
+		return err;
+	}
+	*rp = r;
+	return 0;
+}
+
+void tokenbucket_redis_close(struct tokenbucket_redis *r)
+{
+	if (r == NULL)
+		return;
+	while (r->idle != NULL) {
+		struct tbr__conn *c = r->idle;
+		r->idle = c->next;
+		redisFree(c->c);
+		free(c);
+	}
+	if (r->local != NULL) {
+		for (int i = 0; i < TBR__FALLBACK_SLOTS; i++) {
+			free(r->local[i].key);
+			tokenbucket_free(r->local[i].tb);
+		}
+		free(r->local);
+	}
+	pthread_mutex_destroy(&r->lock);
+	pthread_mutex_destroy(&r->fallback_lock);
+	free(r->host);
+	free(r->path);
+	free(r->prefix);
+	free(r);
+}
+
+int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r, const void *prefix, size_t len)
+{
+	if (r == NULL || (prefix == NULL && len > 0))
+		return -EINVAL;
+	char *copy = NULL;
+	if (len > 0) {
+		copy = malloc(len);
+		if (copy == NULL)
+			return -ENOMEM;
+		memcpy(copy, prefix, len);
+	}
+	free(r->prefix);
+	r->prefix = copy;
+	r->prefixlen = len;
+	return 0;
+}
+
+int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share)
+{
+	if (r == NULL || isnan(share) || share < 0 || share > 1)
+		return -EINVAL;
+	r->share = share;
+	return 0;
+}
+
+/* ---- Connections --------------------------------------------------------- */
+
+/*
+ * hiredis writes with write(2): a peer that went away would raise SIGPIPE
+ * and kill the process.  The library blocks it in the calling thread around
+ * its own I/O and discards one it caused, leaving the process's handlers
+ * alone.
+ */
+struct tbr__sigpipe {
+	sigset_t old;
+	bool pending_before;
+};
+
+static void sigpipe_block(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	s->pending_before = sigismember(&pending, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
+}
+
+static void sigpipe_restore(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	if (!s->pending_before && sigismember(&pending, SIGPIPE)) {
+		struct timespec zero = { 0, 0 };
+		int saved = errno;
+		sigtimedwait(&pipe, NULL, &zero);
+		errno = saved;
+	}
+	pthread_sigmask(SIG_SETMASK, &s->old, NULL);
+}
+
+/* What a failed connection or round trip means, as a negative errno. */
+static int conn_error(const redisContext *c, int saved_errno)
+{
+	if (c == NULL)
+		return -ENOMEM;
+	switch (c->err) {
+	case REDIS_ERR_EOF:
+		return -ECONNRESET;
+	case REDIS_ERR_OOM:
+		return -ENOMEM;
+	case REDIS_ERR_PROTOCOL:
+		return -EPROTO;
+	case REDIS_ERR_IO:
+		if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
+		    saved_errno == EINPROGRESS)
+			return -ETIME; /* no answer within the timeout */
+		return saved_errno > 0 ? -saved_errno : -ECONNRESET;
+	default:
+		/* hiredis 0.14 reports a connect timeout as "other" with no errno. */
+		if (strstr(c->errstr, "timed out") != NULL)
+			return -ETIME;
+		return saved_errno > 0 ? -saved_errno : -ECONNREFUSED;
+	}
+}
+
+static void conn_drop(struct tbr__conn *c)
+{
+	if (c == NULL)
+		return;
+	redisFree(c->c);
+	free(c);
+}
+
+static int conn_get(struct tokenbucket_redis *r, struct tbr__conn **out)
+{
+	pthread_mutex_lock(&r->lock);
+	struct tbr__conn *c = r->idle;
+	if (c != NULL) {
+		r->idle = c->next;
+		r->nidle--;
+	}
+	pthread_mutex_unlock(&r->lock);
+	if (c != NULL) {
+		*out = c;
+		return 0;
+	}
+	c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return -ENOMEM;
+	errno = 0;
+	if (r->path != NULL)
+		c->c = redisConnectUnixWithTimeout(r->path, r->connect_tv);
+	else
+		c->c = redisConnectWithTimeout(r->host, r->port, r->connect_tv);
+	int saved = errno;
+	if (c->c == NULL || c->c->err) {
+		int err = conn_error(c->c, saved);
+		conn_drop(c);
+		return err;
+	}
+	if (redisSetTimeout(c->c, r->command_tv) != REDIS_OK) {
+		int err = conn_error(c->c, errno);
+		conn_drop(c);
+		return err;
+	}
+	if (r->db != 0) {
+		errno = 0;
+		redisReply *rep = redisCommand(c->c, "SELECT %d", r->db);
+		saved = errno;
+		int err = rep == NULL ? conn_error(c->c, saved)
+		      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
+		if (rep != NULL)
+			freeReplyObject(rep);
+		if (err != 0) {
+			conn_drop(c);
+			return err;
+		}
+	}
+	*out = c;
+	return 0;
+}
+
+static void conn_put(struct tokenbucket_redis *r, struct tbr__conn *c)
+{
+	pthread_mutex_lock(&r->lock);
+	if (r->nidle < TBR__IDLE_MAX) {
+		c->next = r->idle;
+		r->idle = c;
+		r->nidle++;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&r->lock);
+	conn_drop(c);
+}
+
+/* One round trip; a lost script cache is refilled by sending the text once. */
+static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
+			     struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+			     double *tokens)
+{
+	struct tbr__conn *c = NULL;
+	int err = conn_get(r, &c);
+	if (err != 0)
+		return err;
+	for (;;) {
+		struct tbr__args a;
+		err = tbr__args(call, &a);
+		if (err != 0)
+			break;
+		errno = 0;
+		redisReply *rep = redisCommandArgv(c->c, TBR__ARGC, a.argv, a.len);
+		int saved = errno;
+		if (rep == NULL) {
+			/* The reply may still come: the connection cannot be reused. */
+			err = conn_error(c->c, saved);
+			conn_drop(c);
+			return err;
+		}
+		err = tbr__decode(call, rep, res, rv, tokens);
+		freeReplyObject(rep);
+		if (err != -ENOEXEC || (call->flags & TOKENBUCKET_REDIS_EVAL))
+			break;
+		call->flags |= TOKENBUCKET_REDIS_EVAL;
+	}
+	conn_put(r, c);
+	return err;
+}
+
+/* One round trip; a lost script cache is refilled by sending the text once. */
+static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
+		      struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+		      double *tokens)
+{
+	struct tbr__sigpipe sp;
+	sigpipe_block(&sp);
+	int err = exchange(r, call, res, rv, tokens);
+	sigpipe_restore(&sp);
+	return err;
+}
+
+/* ---- The local fallback -------------------------------------------------- */
+
+/* Errors after which Redis may answer again later; the fallback covers these. */
+static bool unavailable(int err)
+{
+	switch (-err) {
+	case ETIME: case ECONNREFUSED: case ECONNRESET: case ECONNABORTED: case EPIPE:
+	case ENOENT: case EHOSTUNREACH: case ENETUNREACH: case ENOTCONN: case EROFS:
+	case EBUSY: case EAGAIN: case ENOMEM:
+		return true;
+	default:
+		return false;
+	}
+}
+
+static uint64_t hash(const char *s, size_t len)
+{
+	uint64_t h = 1469598103934665603u; /* FNV-1a */
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ (unsigned char)s[i]) * 1099511628211u;
+	return h;
+}
+
+static struct tbr__local *local_slot(struct tokenbucket_redis *r, const char *key, size_t len)
+{
+	return &r->local[hash(key, len) % TBR__FALLBACK_SLOTS];
+}
+
+/* The key's local bucket, made (or remade, if its limit changed) with share of the limit. */
+static struct tokenbucket *local_bucket(struct tokenbucket_redis *r, const char *key, size_t len,
+					const struct tokenbucket_redis_limit *lim)
+{
+	if (r->local == NULL) {
+		r->local = calloc(TBR__FALLBACK_SLOTS, sizeof(*r->local));
+		if (r->local == NULL)
+			return NULL;
+	}
+	struct tbr__local *s = local_slot(r, key, len);
+	if (s->tb != NULL && s->keylen == len && memcmp(s->key, key, len) == 0 &&
+	    memcmp(&s->limit, lim, sizeof(*lim)) == 0)
+		return s->tb;
+	char *copy = malloc(len + 1);
+	if (copy == NULL)
+		return NULL;
+	memcpy(copy, key, len);
+	/* share of the rate: the same tokens over a period longer by 1 / share. */
+	double period = ceil((double)lim->period_ns / r->share);
+	int64_t p = period >= 0x1p63 ? INT64_MAX : (int64_t)period;
+	struct tokenbucket *tb = NULL;
+	if (tokenbucket_create_every(&tb, lim->tokens, lim->tokens > 0 ? p : 1,
+				     (uint64_t)floor((double)lim->burst * r->share), 0) != 0) {
+		free(copy);
+		return NULL;
+	}
+	free(s->key);
+	tokenbucket_free(s->tb);
+	*s = (struct tbr__local){ .key = copy, .keylen = len, .limit = *lim, .tb = tb };
+	return tb;
+}
+
+static void local_result(struct tokenbucket *tb, bool allowed, int64_t retry,
+			 struct tokenbucket_result *res)
+{
+	if (res == NULL)
+		return;
+	double level = tokenbucket_tokens(tb);
+	uint64_t burst = tokenbucket_burst(tb);
+	*res = (struct tokenbucket_result){
+		.allowed = allowed,
+		.flags = TOKENBUCKET_RESULT_LOCAL,
+		.limit = burst,
+		.remaining = level >= 1 ? (uint64_t)level : 0,
+		.retry_after_ns = retry,
+		.reset_after_ns = level >= (double)burst
+			? 0 : tokenbucket_duration_for(tb, burst - (uint64_t)(level > 0 ? level : 0)),
+	};
+}
+
+/* allow and reserve by the local bucket; 1 if it could not decide either. */
+static int fallback(struct tokenbucket_redis *r, const struct tokenbucket_redis_call *call,
+		    struct tokenbucket_result *res, struct tokenbucket_reservation *rv)
+{
+	pthread_mutex_lock(&r->fallback_lock);
+	struct tokenbucket *tb = local_bucket(r, call->key, call->keylen, &call->limit);
+	int err = 1;
+	if (tb != NULL && call->op == TOKENBUCKET_REDIS_ALLOW) {
+		bool ok = tokenbucket_allow(tb, call->n);
+		local_result(tb, ok, ok ? 0 : tokenbucket_duration_for(tb, call->n), res);
+		err = 0;
+	} else if (tb != NULL) {
+		struct tokenbucket_reservation v;
+		err = tokenbucket_reserve(tb, call->n, call->arg, &v);
+		int64_t delay = err == 0 ? tokenbucket_reservation_delay(&v, tokenbucket_now())
+				       : TOKENBUCKET_NEVER;
+		local_result(tb, err == 0, delay, res);
+		if (err == 0 && rv != NULL) {
+			*rv = v;
+			rv->reserved = 1; /* cancel goes to the local bucket */
+		}
+	}
+	pthread_mutex_unlock(&r->fallback_lock);
+	return err;
+}
+
+/* ---- The calls ----------------------------------------------------------- */
+
+/* Runs call on prefix + key; the fallback answers allow and reserve if Redis cannot. */
+static int run(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
+	       struct tokenbucket_result *res, struct tokenbucket_reservation *rv, double *tokens)
+{
+	if (r == NULL || (call->key == NULL && call->keylen > 0))
+		return -EINVAL;
+	char stack[256];
+	char *full = stack;
+	size_t len = r->prefixlen + call->keylen;
+	if (len < call->keylen)
+		return -EINVAL;
+	if (len > sizeof(stack)) {
+		full = malloc(len);
+		if (full == NULL)
+			return -ENOMEM;
+	}
+	if (r->prefixlen > 0)
+		memcpy(full, r->prefix, r->prefixlen);
+	if (call->keylen > 0)
+		memcpy(full + r->prefixlen, call->key, call->keylen);
+	call->key = full;
+	call->keylen = len;
+	int err = round_trip(r, call, res, rv, tokens);
+	if (unavailable(err) && r->share > 0 &&
+	    (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE)) {
+		int local = fallback(r, call, res, rv);
+		if (local != 1)
+			err = local;
+	}
+	if (full != stack)
+		free(full);
+	return err;
+}
+
+#define CALL(op_, at_, now_, n_, arg_) \
+	{ .op = (op_), .flags = (at_) ? TOKENBUCKET_REDIS_AT : 0, .key = key, .keylen = keylen, \
+	  .limit = *lim, .now = (now_), .n = (n_), .arg = (arg_) }
+
+int tokenbucket_redis_allow_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			       const struct tokenbucket_redis_limit *lim, int64_t now, uint64_t n,
+			       struct tokenbucket_result *res)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_ALLOW, true, now, n, 0);
+	return run(r, &call, res, NULL, NULL);
+}
+
+int tokenbucket_redis_allow(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			    const struct tokenbucket_redis_limit *lim, uint64_t n,
+			    struct tokenbucket_result *res)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_ALLOW, false, 0, n, 0);
+	return run(r, &call, res, NULL, NULL);
+}
+
+static int reserve(struct tokenbucket_redis *r, const void *key, size_t keylen,
+		   const struct tokenbucket_redis_limit *lim, bool at, int64_t now, uint64_t n,
+		   int64_t max_wait, struct tokenbucket_reservation *rv,
+		   struct tokenbucket_result *res)
+{
+	if (lim == NULL || rv == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_RESERVE, at, now, n, max_wait);
+	return run(r, &call, res, rv, NULL);
+}
+
+int tokenbucket_redis_reserve_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				 const struct tokenbucket_redis_limit *lim, int64_t now, uint64_t n,
+				 int64_t max_wait, struct tokenbucket_reservation *rv,
+				 struct tokenbucket_result *res)
+{
+	return reserve(r, key, keylen, lim, true, now, n, max_wait, rv, res);
+}
+
+int tokenbucket_redis_reserve(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			      const struct tokenbucket_redis_limit *lim, uint64_t n,
+			      int64_t max_wait, struct tokenbucket_reservation *rv,
+			      struct tokenbucket_result *res)
+{
+	return reserve(r, key, keylen, lim, false, 0, n, max_wait, rv, res);
+}
+
+static int cancel(struct tokenbucket_redis *r, const void *key, size_t keylen,
+		  const struct tokenbucket_redis_limit *lim, struct tokenbucket_reservation *rv,
+		  bool at, int64_t now)
+{
+	if (r == NULL || lim == NULL || rv == NULL)
+		return -EINVAL;
+	if (rv->reserved == 1) {
+		/* A reservation the local fallback made goes back to its bucket. */
+		size_t len = r->prefixlen + keylen;
+		char *full = malloc(len + 1);
+		if (full == NULL)
+			return -ENOMEM;
+		if (r->prefixlen > 0)
+			memcpy(full, r->prefix, r->prefixlen);
+		if (keylen > 0)
+			memcpy(full + r->prefixlen, key, keylen);
+		pthread_mutex_lock(&r->fallback_lock);
+		struct tbr__local *s = r->local == NULL ? NULL : local_slot(r, full, len);
+		if (s != NULL && s->tb != NULL && s->keylen == len && memcmp(s->key, full, len) == 0)
+			tokenbucket_cancel(s->tb, rv);
+		rv->tokens = 0;
+		pthread_mutex_unlock(&r->fallback_lock);
+		free(full);
+		return 0;
+	}
+	struct tokenbucket_redis_call call =
+		CALL(TOKENBUCKET_REDIS_CANCEL, at, now, rv->tokens, rv->time_to_act);
+	int err = run(r, &call, NULL, NULL, NULL);
+	if (err == 0)
+		rv->tokens = 0;
+	return err;
+}
+
+int tokenbucket_redis_cancel_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				const struct tokenbucket_redis_limit *lim,
+				struct tokenbucket_reservation *rv, int64_t now)
+{
+	return cancel(r, key, keylen, lim, rv, true, now);
+}
+
+int tokenbucket_redis_cancel(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			     const struct tokenbucket_redis_limit *lim,
+			     struct tokenbucket_reservation *rv)
+{
+	return cancel(r, key, keylen, lim, rv, false, 0);
+}
+
+int tokenbucket_redis_tokens_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				const struct tokenbucket_redis_limit *lim, int64_t now,
+				double *tokens, struct tokenbucket_result *res)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_TOKENS, true, now, 0, 0);
+	return run(r, &call, res, NULL, tokens);
+}
+
+int tokenbucket_redis_tokens(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			     const struct tokenbucket_redis_limit *lim, double *tokens,
+			     struct tokenbucket_result *res)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_TOKENS, false, 0, 0, 0);
+	return run(r, &call, res, NULL, tokens);
+}
+
+int tokenbucket_redis_reset_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			       const struct tokenbucket_redis_limit *lim, int64_t now,
+			       uint64_t tokens)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_RESET, true, now, tokens, 0);
+	return run(r, &call, NULL, NULL, NULL);
+}
+
+int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			    const struct tokenbucket_redis_limit *lim, uint64_t tokens)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_RESET, false, 0, tokens, 0);
+	return run(r, &call, NULL, NULL, NULL);
+}
+
+const char *tokenbucket_redis_script(const char **sha1)
+{
+	if (sha1 != NULL)
+		*sha1 = tbr__script_sha1;
+	return tbr__script_text;
+}

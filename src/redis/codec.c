@@ -1,0 +1,248 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The script call as bytes: its arguments, the meaning of its reply and of
+ * Redis's error replies.  Shared by the blocking calls and by
+ * tokenbucket_redis_format/parse.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset" };
+
+static void put(struct tbr__args *a, int i, const char *s, size_t len)
+{
+	a->argv[i] = s;
+	a->len[i] = len;
+}
+
+static void put_num(struct tbr__args *a, int i, int slot, bool is_signed, uint64_t v)
+{
+	int len = is_signed ? snprintf(a->num[slot], sizeof(a->num[slot]), "%" PRId64, (int64_t)v)
+			    : snprintf(a->num[slot], sizeof(a->num[slot]), "%" PRIu64, v);
+	put(a, i, a->num[slot], (size_t)len);
+}
+
+int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a)
+{
+	if (call == NULL || a == NULL || (call->key == NULL && call->keylen > 0))
+		return -EINVAL;
+	if ((unsigned)call->op > TOKENBUCKET_REDIS_RESET ||
+	    (call->flags & ~(TOKENBUCKET_REDIS_AT | TOKENBUCKET_REDIS_EVAL)))
+		return -EINVAL;
+	const struct tokenbucket_redis_limit *lim = &call->limit;
+	if (lim->tokens > 0 && lim->period_ns <= 0)
+		return -EINVAL;
+	if (lim->burst > TOKENBUCKET_BURST_MAX)
+		return -ERANGE;
+	if (call->op == TOKENBUCKET_REDIS_RESET && call->n > lim->burst)
+		return -EINVAL;
+	if (call->flags & TOKENBUCKET_REDIS_EVAL) {
+		put(a, 0, "EVAL", 4);
+		put(a, 1, tbr__script_text, strlen(tbr__script_text));
+	} else {
+		put(a, 0, "EVALSHA", 7);
+		put(a, 1, tbr__script_sha1, 40);
+	}
+	put(a, 2, "1", 1);
+	put(a, 3, call->keylen > 0 ? call->key : "", call->keylen);
+	put(a, 4, op_names[call->op], strlen(op_names[call->op]));
+	if (call->flags & TOKENBUCKET_REDIS_AT)
+		put_num(a, 5, 0, true, (uint64_t)call->now);
+	else
+		put(a, 5, "", 0);
+	/* Rate 0 goes as 0 per 1 ns whatever the period says. */
+	put_num(a, 6, 1, false, lim->tokens);
+	put_num(a, 7, 2, true, lim->tokens > 0 ? (uint64_t)lim->period_ns : 1);
+	put_num(a, 8, 3, false, lim->burst);
+	put_num(a, 9, 4, false, call->n);
+	bool has_arg = call->op == TOKENBUCKET_REDIS_RESERVE || call->op == TOKENBUCKET_REDIS_CANCEL;
+	put_num(a, 10, 5, true, has_arg ? (uint64_t)call->arg : 0);
+	return 0;
+}
+
+static bool starts(const char *s, size_t len, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	return len >= n && memcmp(s, prefix, n) == 0;
+}
+
+int tbr__error(const char *s, size_t len)
+{
+	static const struct {
+		const char *prefix;
+		int err;
+	} table[] = {
+		{ "NOSCRIPT", ENOEXEC },
+		{ "TBCORRUPT", EBADMSG },
+		{ "WRONGTYPE", EPROTOTYPE },
+		{ "OOM", ENOMEM },
+		{ "READONLY", EROFS },
+		{ "BUSY", EBUSY },
+		{ "LOADING", EAGAIN },
+		{ "MASTERDOWN", EAGAIN },
+		{ "TRYAGAIN", EAGAIN },
+		{ "CLUSTERDOWN", EAGAIN },
+		{ "MOVED", EREMOTE },
+		{ "ASK", EREMOTE },
+		{ "CROSSSLOT", EREMOTE },
+		{ "NOAUTH", EACCES },
+		{ "NOPERM", EACCES },
+		{ "ERR tokenbucket: bad", EINVAL },
+	};
+	if (s == NULL)
+		return -EPROTO;
+	for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
+		if (starts(s, len, table[i].prefix))
+			return -table[i].err;
+	return -EPROTO;
+}
+
+/* A decimal int64 with nothing around it. */
+static bool read_int(const redisReply *e, int64_t lo, int64_t *out)
+{
+	if (e == NULL || e->type != REDIS_REPLY_STRING || e->len == 0 || e->len > 20)
+		return false;
+	char buf[24];
+	memcpy(buf, e->str, e->len);
+	buf[e->len] = '\0';
+	if (buf[0] != '-' && (buf[0] < '0' || buf[0] > '9'))
+		return false;
+	char *end;
+	errno = 0;
+	long long v = strtoll(buf, &end, 10);
+	if (errno != 0 || *end != '\0' || v < lo)
+		return false;
+	*out = v;
+	return true;
+}
+
+/*
+ * t - now, at least 0; TOKENBUCKET_NEVER for a time that never comes, and
+ * for a span that no int64_t holds (explicit times far apart).
+ */
+static int64_t until(int64_t t, int64_t now)
+{
+	if (t == TOKENBUCKET_NEVER || t <= now)
+		return t == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : 0;
+	uint64_t d = (uint64_t)t - (uint64_t)now;
+	return d >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
+}
+
+int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep,
+		struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+		double *tokens)
+{
+	if (rep == NULL)
+		return -EPROTO;
+	if (rep->type == REDIS_REPLY_ERROR)
+		return tbr__error(rep->str, rep->len);
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 7 ||
+	    rep->element[0]->type != REDIS_REPLY_INTEGER)
+		return -EPROTO;
+	long long code = rep->element[0]->integer;
+	int64_t now, level, rem, q, act, full;
+	if (code < 0 || code > 3 || !read_int(rep->element[1], INT64_MIN, &now) ||
+	    !read_int(rep->element[2], -(int64_t)TOKENBUCKET_DEBT_MAX, &level) ||
+	    !read_int(rep->element[3], 0, &rem) || !read_int(rep->element[4], 1, &q) ||
+	    rem >= q || !read_int(rep->element[5], INT64_MIN, &act) ||
+	    !read_int(rep->element[6], INT64_MIN, &full))
+		return -EPROTO;
+	uint64_t burst = call->limit.burst;
+	bool decides = call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE;
+	if (res != NULL) {
+		*res = (struct tokenbucket_result){
+			.allowed = decides ? code == 1 : level >= 1,
+			.limit = burst,
+			.remaining = level > 0 ? (uint64_t)level : 0,
+			.retry_after_ns = until(act, now),
+			.reset_after_ns = until(full, now),
+		};
+	}
+	int err = 0;
+	switch (call->op) {
+	case TOKENBUCKET_REDIS_RESERVE:
+		err = code == 1 ? 0 : code == 0 ? -ETIMEDOUT : code == 2 ? -E2BIG : -EOVERFLOW;
+		if (err == 0 && rv != NULL)
+			*rv = (struct tokenbucket_reservation){ .time_to_act = act, .tokens = call->n };
+		break;
+	case TOKENBUCKET_REDIS_TOKENS:
+		if (tokens != NULL) {
+			/* As tokenbucket_tokens_at computes it: the fraction rounded once. */
+			double v = (double)level + (double)((long double)rem / (long double)q);
+			*tokens = v > (double)burst ? (double)burst : v;
+		}
+		break;
+	default:
+		break;
+	}
+	return err;
+}
+
+int tokenbucket_redis_format(const struct tokenbucket_redis_call *call, char **cmd, size_t *len)
+{
+	struct tbr__args a;
+	if (cmd == NULL || len == NULL)
+		return -EINVAL;
+	int err = tbr__args(call, &a);
+	if (err != 0)
+		return err;
+	char *out = NULL;
+	int n = redisFormatCommandArgv(&out, TBR__ARGC, a.argv, a.len);
+	if (n < 0 || out == NULL)
+		return -ENOMEM;
+	/* hiredis allocates with malloc; give the caller a buffer free() takes. */
+	char *copy = malloc((size_t)n + 1);
+	if (copy == NULL) {
+		redisFreeCommand(out);
+		return -ENOMEM;
+	}
+	memcpy(copy, out, (size_t)n + 1);
+	redisFreeCommand(out);
+	*cmd = copy;
+	*len = (size_t)n;
+	return 0;
+}
+
+int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call, const char *buf,
+			    size_t len, size_t *used, struct tokenbucket_result *res,
+			    struct tokenbucket_reservation *rv, double *tokens)
+{
+	if (call == NULL || (buf == NULL && len > 0) || used == NULL)
+		return -EINVAL;
+	redisReader *rd = redisReaderCreate();
+	if (rd == NULL)
+		return -ENOMEM;
+	void *rep = NULL;
+	int err = 0;
+	if (len > 0 && redisReaderFeed(rd, buf, len) != REDIS_OK)
+		err = -ENOMEM;
+	else if (redisReaderGetReply(rd, &rep) != REDIS_OK)
+		err = rd->err == REDIS_ERR_OOM ? -ENOMEM : -EPROTO;
+	else if (rep == NULL)
+		err = -EAGAIN;
+	if (err == 0) {
+		/* What the reader has not consumed is still in its buffer. */
+		*used = len - (rd->len - rd->pos);
+		struct tokenbucket_result r;
+		struct tokenbucket_reservation v;
+		double t;
+		err = tbr__decode(call, rep, &r, &v, &t);
+		if (err == 0 || err == -ETIMEDOUT || err == -E2BIG || err == -EOVERFLOW) {
+			if (res != NULL)
+				*res = r;
+			if (err == 0 && rv != NULL && call->op == TOKENBUCKET_REDIS_RESERVE)
+				*rv = v;
+			if (err == 0 && tokens != NULL && call->op == TOKENBUCKET_REDIS_TOKENS)
+				*tokens = t;
+		}
+	}
+	if (rep != NULL)
+		freeReplyObject(rep);
+	redisReaderFree(rd);
+	return err;
+}

@@ -1,0 +1,34 @@
+/* SPDX-License-Identifier: MIT */
+/* libtokenbucket-redis's own pieces; nothing here is exported. */
+#ifndef TOKENBUCKET_REDIS_INTERNAL_H
+#define TOKENBUCKET_REDIS_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <hiredis/hiredis.h>
+
+#include "tokenbucket-redis.h"
+
+/* The script, embedded at build time from tokenbucket.lua (script.c). */
+extern const char tbr__script_text[];
+extern const char tbr__script_sha1[];
+
+/* EVALSHA|EVAL sha|text 1 key op now tokens period burst n arg */
+#define TBR__ARGC 11
+struct tbr__args {
+	const char *argv[TBR__ARGC];
+	size_t len[TBR__ARGC];
+	char num[6][24];
+};
+
+/* Checks call and points args at its fields; -EINVAL/-ERANGE on bad input. */
+int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a);
+/* An error reply's errno: -ENOEXEC for NOSCRIPT, -EBADMSG for a value that is not a bucket. */
+int tbr__error(const char *str, size_t len);
+/* A whole reply to call: 0 or a negative errno, with the outputs filled. */
+int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep,
+		struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+		double *tokens);
+
+#endif

@@ -1,0 +1,781 @@
+-- SPDX-License-Identifier: MIT
+--
+-- libtokenbucket-redis: one exact token bucket per key, decided inside Redis.
+-- The arguments, the reply and the stored value are documented in
+-- tokenbucket-redis(7); docs/DESIGN.md explains the arithmetic.
+--
+-- KEYS[1]  the bucket's key
+-- ARGV[1]  op: "allow", "reserve", "cancel", "tokens" or "reset"
+-- ARGV[2]  now: int64 ns, or "" for the server's clock (TIME)
+-- ARGV[3]  tokens  } the rate: tokens per period ns (tokens 0: rate 0)
+-- ARGV[4]  period  }
+-- ARGV[5]  burst
+-- ARGV[6]  n: tokens to allow, reserve or give back; for reset, the level
+-- ARGV[7]  allow, tokens, reset: ignored; reserve: max_wait ns (int64,
+--          9223372036854775807 = no limit); cancel: the reservation's
+--          time_to_act
+--
+-- Reply: { code, now, level, rem, q, act, full } with code an integer
+-- (1 granted, 0 refused, 2 n > burst, 3 debt too large) and the rest decimal
+-- strings: the time the bucket has seen, its whole tokens (negative in debt),
+-- the fraction of the next token rem/q, the time n tokens are (or were)
+-- there, and the time it is full again (9223372036854775807: never).
+--
+-- Lua numbers are doubles, exact to 2^53 only, so every integer that can be
+-- larger lives in an array of base-2^24 limbs, least significant first, with
+-- no leading zero limb (zero is {}).  A product of two limbs plus a carry
+-- stays below 2^53, so each limb step is exact.  The common case never
+-- needs them: it runs first, in doubles, and hands anything larger to the
+-- general path.
+
+local floor, fmod, format, tonumber = math.floor, math.fmod, string.format, tonumber
+local LIM = 9007199254740992 -- 2^53
+local NEVER = "9223372036854775807"
+
+-- ---- Times: {hi, lo} = hi * 10^9 + lo, 0 <= lo < 10^9 -----------------------
+-- Both halves are small doubles, so comparing and subtracting nearby times
+-- costs no limbs.
+
+local BIL = 1000000000
+local TMAX = { 9223372036, 854775807 }  -- INT64_MAX: never
+local TMIN = { -9223372037, 145224192 } -- INT64_MIN
+local TMIN1 = { -9223372037, 145224193 }
+
+local function tcmp(a, b)
+	if a[1] ~= b[1] then
+		return a[1] < b[1] and -1 or 1
+	end
+	if a[2] ~= b[2] then
+		return a[2] < b[2] and -1 or 1
+	end
+	return 0
+end
+
+-- A decimal int64, or nil.
+local function readint(s)
+	local neg = string.sub(s, 1, 1) == "-"
+	local d = neg and string.sub(s, 2) or s
+	local n = #d
+	if n == 0 or n > 19 or string.find(d, "%D") then
+		return nil
+	end
+	local h = n > 9 and tonumber(string.sub(d, 1, n - 9)) or 0
+	local l = tonumber(string.sub(d, n > 9 and n - 8 or 1))
+	local t
+	if not neg then
+		t = { h, l }
+	elseif l == 0 then
+		t = { -h, 0 }
+	else
+		t = { -h - 1, BIL - l }
+	end
+	if tcmp(t, TMIN) < 0 or tcmp(t, TMAX) > 0 then
+		return nil
+	end
+	return t
+end
+
+local function tshow(t)
+	local h, l = t[1], t[2]
+	if h == 0 then
+		return format("%.0f", l)
+	elseif h > 0 then
+		return format("%.0f%09.0f", h, l)
+	elseif l == 0 then
+		return format("-%.0f000000000", -h)
+	end
+	h, l = -h - 1, BIL - l
+	if h == 0 then
+		return format("-%.0f", l)
+	end
+	return format("-%.0f%09.0f", h, l)
+end
+
+-- a - b in ns for a >= b, or nil at 2^53 or more.
+local function tdiff_small(a, b)
+	local h, l = a[1] - b[1], a[2] - b[2]
+	if l < 0 then
+		h, l = h - 1, l + BIL
+	end
+	if h < 9007198 then
+		return h * BIL + l
+	end
+	return nil
+end
+
+-- The time h * 10^9 + l for 0 <= l < 2 * 10^9, or nil at or past INT64_MAX (never).
+local function tmake(h, l)
+	if l >= BIL then
+		h, l = h + 1, l - BIL
+	end
+	local v = { h, l }
+	if tcmp(v, TMAX) >= 0 then
+		return nil
+	end
+	return v
+end
+
+-- t + w ns for a double w, or nil at or past INT64_MAX (never).
+local function tadd_small(t, w)
+	local r = fmod(w, BIL)
+	return tmake(t[1] + (w - r) / BIL, t[2] + r)
+end
+
+local function bad(what)
+	return redis.error_reply("ERR tokenbucket: bad " .. what)
+end
+
+-- ---- The call -------------------------------------------------------------------
+
+local key, op = KEYS[1], ARGV[1]
+if #KEYS ~= 1 or #ARGV ~= 7 then
+	return bad("argument count")
+end
+if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "tokens" and op ~= "reset" then
+	return bad("op")
+end
+local now
+if ARGV[2] == "" then
+	local tm = redis.call("TIME")
+	now = { tonumber(tm[1]), tonumber(tm[2]) * 1000 }
+else
+	now = readint(ARGV[2])
+	if now == nil then
+		return bad("now")
+	end
+	-- INT64_MIN and INT64_MAX are no times: they read as their neighbours.
+	if tcmp(now, TMIN) == 0 then
+		now = TMIN1
+	elseif tcmp(now, TMAX) == 0 then
+		now = { TMAX[1], TMAX[2] - 1 }
+	end
+end
+local stored = redis.call("GET", key)
+
+-- The common case in doubles: allow or reserve on a stored bucket whose
+-- configuration is the call's, every number below 10^15, every product
+-- checked below 2^53.  nil hands the call, untouched, to the general path.
+local function fast()
+	if not stored or (op ~= "allow" and op ~= "reserve") then
+		return nil
+	end
+	-- The clock comes split in its halves h0 * 10^9 + l0 (a clock from 1 s on).
+	local ch, cl, l, r, a, b, u = string.match(stored,
+		"^tb1 ([1-9]%d*)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
+	local ns = ARGV[6]
+	if not ch or a ~= ARGV[3] or b ~= ARGV[4] or u ~= ARGV[5] or #ch > 10 or #l > 15
+		or #r > 15 or #a > 15 or #b > 15 or #u > 15 or #ns == 0 or #ns > 15
+		or string.find(ns, "%D") then
+		return nil
+	end
+	local h0, l0 = tonumber(ch), tonumber(cl)
+	local lv, rem, p, q, sb, n = tonumber(l), tonumber(r), tonumber(a), tonumber(b),
+		tonumber(u), tonumber(ns)
+	if not lv or h0 > TMAX[1] or (h0 == TMAX[1] and l0 >= TMAX[2]) or q == 0
+		or (p == 0 and q ~= 1) or rem >= q or lv > sb or n > sb then
+		return nil
+	end
+	-- t = max(now, clock), as (th, tl)
+	local th, tl = now[1], now[2]
+	if th < h0 or (th == h0 and tl < l0) then
+		th, tl = h0, l0
+	end
+	if p ~= 0 then
+		local dh = th - h0
+		if dh >= 9007198 then
+			return nil
+		end
+		local x = (dh * BIL + (tl - l0)) * p + rem
+		if x >= LIM then
+			return nil
+		end
+		rem = fmod(x, q)
+		if lv < sb then
+			lv = lv + (x - rem) / q
+			if lv > sb then
+				lv = sb
+			end
+		end
+	end
+	-- The ns until d more tokens are there: false for never, nil to hand over.
+	local function span(d)
+		if p == 0 then
+			return false
+		end
+		local x = d * q - rem
+		if x >= LIM then
+			return nil
+		end
+		local m = fmod(x, p)
+		local w = (x - m) / p
+		if m > 0 then
+			w = w + 1
+		end
+		return w
+	end
+	-- t + w in decimal, or nil at or past INT64_MAX (never).
+	local function after(w)
+		local wr = fmod(w, BIL)
+		local h, lo = th + (w - wr) / BIL, tl + wr
+		if lo >= BIL then
+			h, lo = h + 1, lo - BIL
+		end
+		if h > TMAX[1] or (h == TMAX[1] and lo >= TMAX[2]) then
+			return nil
+		end
+		return format("%.0f%09.0f", h, lo)
+	end
+	local ts = format("%.0f%09.0f", th, tl)
+	-- For d more tokens: the span (false: never) and the time in decimal; nil to hand over.
+	local function when(d)
+		if d <= 0 then
+			return 0, ts
+		end
+		local w = span(d)
+		if w == nil then
+			return nil
+		end
+		local at = w and after(w)
+		if not at then
+			return false, NEVER
+		end
+		return w, at
+	end
+	local code, w, acts = 1, when(n - lv)
+	if w == nil then
+		return nil
+	end
+	if op == "allow" then
+		if lv < n then
+			code = 0
+		end
+	else
+		-- max_wait INT64_MAX is no limit; no wait is short enough for a negative one.
+		local mw = readint(ARGV[7])
+		if mw == nil then
+			return nil
+		end
+		local ok = tcmp(mw, TMAX) == 0
+		if not ok and w and mw[1] >= 0 then
+			local m = tdiff_small(mw, { 0, 0 })
+			ok = m == nil or w <= m
+		end
+		if not ok then
+			code = 0
+		end
+	end
+	if code == 1 then
+		lv = lv - n
+	end
+	local wf, fulls = when(sb - lv)
+	if wf == nil then
+		return nil
+	end
+	if lv == 0 then
+		lv = 0 -- never "-0"
+	end
+	local ls, rs = format("%.0f", lv), format("%.0f", rem)
+	local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
+	if wf then
+		redis.call("SET", key, value, "PX", format("%.0f", floor((wf + 999999) / 1000000) + 1000))
+	else
+		redis.call("SET", key, value)
+	end
+	return { code, ts, ls, rs, b, acts, fulls }
+end
+local reply = fast()
+if reply then
+	return reply
+end
+
+-- ---- The general path: limbs where needed --------------------------------------
+
+local B = 16777216 -- 2^24
+
+local function norm(a)
+	local n = #a
+	while n > 0 and a[n] == 0 do
+		a[n] = nil
+		n = n - 1
+	end
+	return a
+end
+
+-- An integer-valued double >= 0 into limbs (division by 2^24 is exact).
+local function fromnum(x)
+	local r, i = {}, 1
+	while x > 0 do
+		local h = floor(x / B)
+		r[i] = x - h * B
+		x = h
+		i = i + 1
+	end
+	return r
+end
+
+-- The value as a double: exact below 2^53, an estimate above.
+local function tonum(a)
+	local v = 0
+	for i = #a, 1, -1 do
+		v = v * B + a[i]
+	end
+	return v
+end
+
+local function cmp(a, b)
+	local na, nb = #a, #b
+	if na ~= nb then
+		return na < nb and -1 or 1
+	end
+	for i = na, 1, -1 do
+		local x, y = a[i], b[i]
+		if x ~= y then
+			return x < y and -1 or 1
+		end
+	end
+	return 0
+end
+
+local function add(a, b)
+	local r, c = {}, 0
+	local n = #a > #b and #a or #b
+	for i = 1, n do
+		local s = (a[i] or 0) + (b[i] or 0) + c
+		c = s >= B and 1 or 0
+		r[i] = s - c * B
+	end
+	if c > 0 then
+		r[n + 1] = c
+	end
+	return r
+end
+
+-- a - b for a >= b.
+local function sub(a, b)
+	local r, c = {}, 0
+	for i = 1, #a do
+		local s = a[i] - (b[i] or 0) - c
+		c = s < 0 and 1 or 0
+		r[i] = s + c * B
+	end
+	return norm(r)
+end
+
+local function mul(a, b)
+	local na, nb = #a, #b
+	if na == 0 or nb == 0 then
+		return {}
+	end
+	local r = {}
+	for i = 1, na + nb do
+		r[i] = 0
+	end
+	for i = 1, na do
+		local x, c = a[i], 0
+		if x ~= 0 then
+			for j = 1, nb do
+				-- < 2^24 + (2^24 - 1)^2 + 2^25: exact
+				local t = r[i + j - 1] + x * b[j] + c
+				c = floor(t / B)
+				r[i + j - 1] = t - c * B
+			end
+			local k = i + nb
+			while c > 0 do
+				local t = r[k] + c
+				c = floor(t / B)
+				r[k] = t - c * B
+				k = k + 1
+			end
+		end
+	end
+	return norm(r)
+end
+
+-- Quotient and remainder, b > 0.  A one-limb divisor is a short division
+-- (each step divides less than 2^48).  Otherwise each round subtracts a
+-- quotient estimate from doubles shrunk by 2^-40, more than their error
+-- (< 2^-48), so it never overshoots; every round leaves at most 2^-40 of the
+-- quotient plus one, so a 128-bit quotient takes a handful of rounds.
+local function divmod(a, b)
+	if cmp(a, b) < 0 then
+		return {}, a
+	end
+	if #b == 1 then
+		local d, q, r = b[1], {}, 0
+		for i = #a, 1, -1 do
+			local t = r * B + a[i]
+			local qi = floor(t / d)
+			r = t - qi * d
+			if r < 0 then
+				qi, r = qi - 1, r + d
+			end
+			q[i] = qi
+		end
+		return norm(q), (r == 0 and {} or { r })
+	end
+	local q, r, bd = {}, a, tonum(b)
+	while cmp(r, b) >= 0 do
+		local e = floor(tonum(r) / bd * (1 - 2 ^ -40))
+		if e < 1 then
+			e = 1
+		end
+		local el = fromnum(e)
+		r = sub(r, mul(el, b))
+		q = add(q, el)
+	end
+	return q, r
+end
+
+-- Decimal digits (1 to 20 of them) into limbs.
+local function parse(s)
+	local first = (#s - 1) % 6 + 1
+	local r = fromnum(tonumber(string.sub(s, 1, first)))
+	for i = first + 1, #s, 6 do
+		local c = tonumber(string.sub(s, i, i + 5))
+		for j = 1, #r do
+			local t = r[j] * 1000000 + c
+			c = floor(t / B)
+			r[j] = t - c * B
+		end
+		if c > 0 then
+			r[#r + 1] = c
+		end
+	end
+	return r
+end
+
+local function tostr(a)
+	local parts, x = {}, a
+	while #x > 0 do
+		local q, r = {}, 0
+		for i = #x, 1, -1 do
+			local t = r * B + x[i]
+			local qi = floor(t / 1000000)
+			q[i] = qi
+			r = t - qi * 1000000
+		end
+		x = norm(q)
+		parts[#parts + 1] = r
+	end
+	local s = string.format("%.0f", parts[#parts] or 0)
+	for i = #parts - 1, 1, -1 do
+		s = s .. string.format("%06.0f", parts[i])
+	end
+	return s
+end
+
+-- ---- Numbers: a double below 2^53, limbs at or above ------------------------
+-- Every operation on two doubles checks that its exact result stays below
+-- 2^53 (rounding is monotonic, so a rounded result below 2^53 was exact);
+-- otherwise it redoes the work in limbs.  Most calls never leave doubles.
+
+local function L(a)
+	if type(a) == "number" then
+		return fromnum(a)
+	end
+	return a
+end
+
+local function N(a)
+	local n = #a
+	if n <= 2 or (n == 3 and a[3] < 32) then
+		return tonum(a)
+	end
+	return a
+end
+
+-- x: the result in doubles (false if an operand is limbs); f: the same on limbs.
+local function exact(x, a, b, f)
+	if x and x < LIM then
+		return x
+	end
+	return N(f(L(a), L(b)))
+end
+
+local function padd(a, b)
+	return exact(type(a) == "number" and type(b) == "number" and a + b, a, b, add)
+end
+
+-- a - b for a >= b
+local function psub(a, b)
+	return exact(type(a) == "number" and type(b) == "number" and a - b, a, b, sub)
+end
+
+local function pmul(a, b)
+	return exact(type(a) == "number" and type(b) == "number" and a * b, a, b, mul)
+end
+
+local function pcmp(a, b)
+	if type(a) == "number" and type(b) == "number" then
+		return a < b and -1 or (a > b and 1 or 0)
+	end
+	return cmp(L(a), L(b))
+end
+
+-- fmod is exact, and so is (a - r) / b, a whole quotient below 2^53.
+local function pdivmod(a, b)
+	if type(a) == "number" and type(b) == "number" then
+		local r = math.fmod(a, b)
+		return (a - r) / b, r
+	end
+	local q, r = divmod(L(a), L(b))
+	return N(q), N(r)
+end
+
+local function pdivceil(a, b)
+	local q, r = pdivmod(a, b)
+	if r ~= 0 then
+		q = padd(q, 1)
+	end
+	return q
+end
+
+local function pstr(a)
+	if type(a) == "number" then
+		return string.format("%.0f", a)
+	end
+	return tostr(a)
+end
+
+-- At most 20 digits and at most hi (limbs), or nil.
+local function unsigned(s, hi)
+	local n = #s
+	if n == 0 or n > 20 or string.find(s, "%D") then
+		return nil
+	end
+	if n <= 15 then
+		return tonumber(s)
+	end
+	local v = parse(s)
+	if cmp(v, hi) > 0 then
+		return nil
+	end
+	return N(v)
+end
+
+local U64MAX = { 16777215, 16777215, 65535 } -- 2^64 - 1
+local T63 = { 0, 0, 32768 }                  -- 2^63
+local Q_MAX = { 16777215, 16777215, 32767 }  -- 2^63 - 1
+local T62 = { 0, 0, 16384 }                  -- 2^62: the largest burst
+local DEBT_MAX = { 16777215, 16777215, 16383 } -- 2^62 - 1
+
+-- a - b in ns, for a >= b.
+local function tdiff(a, b)
+	local d = tdiff_small(a, b)
+	if d then
+		return d
+	end
+	local h, l = a[1] - b[1], a[2] - b[2]
+	if l < 0 then
+		h, l = h - 1, l + BIL
+	end
+	return N(add(mul(fromnum(h), fromnum(BIL)), fromnum(l)))
+end
+
+-- t + w ns, or nil at or past INT64_MAX (never).
+local function tadd(t, w)
+	if type(w) == "number" then
+		return tadd_small(t, w)
+	end
+	if #w > 3 then
+		return nil
+	end
+	local ql, rl = divmod(w, fromnum(BIL))
+	local q, r = N(ql), N(rl)
+	if type(q) ~= "number" then
+		return nil
+	end
+	return tmake(t[1] + q, t[2] + r)
+end
+
+-- The configuration: p tokens per q ns (p 0: rate 0, kept as 0 per 1).
+local p, q = unsigned(ARGV[3], U64MAX), unsigned(ARGV[4], Q_MAX)
+if p == nil or q == nil or (p ~= 0 and q == 0) then
+	return bad("rate")
+end
+if p == 0 then
+	q = 1
+end
+local burst = unsigned(ARGV[5], T62)
+local n = unsigned(ARGV[6], U64MAX)
+if burst == nil or n == nil then
+	return bad("burst or n")
+end
+-- reserve: max_wait; cancel: time_to_act.  Both int64.
+local arg
+if op == "reserve" or op == "cancel" then
+	arg = readint(ARGV[7])
+	if arg == nil then
+		return bad(op == "reserve" and "max_wait" or "time_to_act")
+	end
+end
+if op == "reset" and pcmp(n, burst) > 0 then
+	return bad("reset level")
+end
+
+-- The stored state: "tb1 clock level rem p q burst", decimal, level negative
+-- in debt.  Kept as tok (whole tokens) and debt, one of them 0.  A value
+-- that is not exactly that, or breaks an invariant, is refused, never
+-- repaired.
+local clock, tok, debt, rem, sp, sq, sb
+if stored then
+	local c, neg, l, r, a, b, u = string.match(stored,
+		"^tb1 (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+) (%d+)$")
+	if c then
+		clock = readint(c)
+		rem, sp, sq, sb = unsigned(r, U64MAX), unsigned(a, U64MAX), unsigned(b, Q_MAX), unsigned(u, T62)
+		if neg == "-" then
+			tok, debt = 0, unsigned(l, DEBT_MAX)
+		else
+			tok, debt = unsigned(l, T62), 0
+		end
+	end
+	if not (clock and tok and debt and rem and sp and sq and sb) or tcmp(clock, TMIN) == 0
+		or tcmp(clock, TMAX) == 0 or sq == 0 or (sp == 0 and sq ~= 1)
+		or pcmp(rem, sq) >= 0 or pcmp(tok, sb) > 0 then
+		return redis.error_reply("TBCORRUPT the value at this key is not a token bucket")
+	end
+else
+	-- A new bucket is full and sees its first time now.
+	clock, tok, debt, rem, sp, sq, sb = now, burst, 0, 0, p, q, burst
+end
+
+-- Adds k tokens, paying debt first, within burst.
+local function credit(k)
+	if debt ~= 0 then
+		if pcmp(k, debt) <= 0 then
+			debt = psub(debt, k)
+			return
+		end
+		k, debt = psub(k, debt), 0
+	end
+	if pcmp(k, psub(sb, tok)) < 0 then
+		tok = padd(tok, k)
+	else
+		tok = sb
+	end
+end
+
+-- Credits what the rate produced from clock to t: ((t - clock) p + rem) / q
+-- whole tokens, the remainder carried.  An earlier t changes nothing.
+local function advance(t)
+	if tcmp(t, clock) <= 0 then
+		return
+	end
+	if sp ~= 0 then
+		local k
+		k, rem = pdivmod(padd(pmul(tdiff(t, clock), sp), rem), sq)
+		if k ~= 0 then
+			credit(k)
+		end
+	end
+	clock = t
+end
+
+-- The first time >= clock when d more tokens are produced, or nil (never):
+-- the least w with w p >= d q - rem.
+local function covered(d)
+	if sp == 0 then
+		return nil
+	end
+	return tadd(clock, pdivceil(psub(pmul(d, sq), rem), sp))
+end
+
+local changed = false
+-- A call whose configuration differs reconfigures the bucket at now, as
+-- set_rate_every_at and then set_burst_at would.
+if pcmp(pmul(p, sq), pmul(sp, q)) ~= 0 then
+	advance(now)
+	if p ~= 0 and sp ~= 0 then
+		-- The old fraction carries, rounded down to a nanosecond of the new
+		-- rate, and reaches no further back than INT64_MIN + 1.
+		local carry = pdivmod(pmul(rem, q), pmul(sq, p))
+		local room = tdiff(clock, TMIN1)
+		if pcmp(carry, room) > 0 then
+			carry = room
+		end
+		rem = pmul(carry, p)
+	else
+		rem = 0
+	end
+	sp, sq, changed = p, q, true
+end
+if pcmp(burst, sb) ~= 0 then
+	advance(now)
+	sb, changed = burst, true
+	if pcmp(tok, sb) > 0 then
+		tok = sb
+	end
+end
+
+local code, act = 1, nil
+if op == "allow" or op == "reserve" then
+	if pcmp(n, sb) > 0 then
+		code = 2
+	else
+		advance(now)
+		changed = true
+		local enough = debt == 0 and pcmp(tok, n) >= 0
+		if op == "allow" then
+			if enough then
+				tok, act = psub(tok, n), clock
+			else
+				code, act = 0, covered(padd(psub(n, tok), debt))
+			end
+		else
+			-- The debt after taking n; then when it is paid.
+			local d = enough and 0 or padd(psub(n, tok), debt)
+			if pcmp(d, DEBT_MAX) > 0 then
+				code = 3
+			else
+				act = clock
+				if d ~= 0 then
+					act = covered(d)
+				end
+				-- max_wait INT64_MAX is no limit; no wait is short enough
+				-- for a negative one.
+				local ok = tcmp(arg, TMAX) == 0
+				if not ok and act ~= nil and arg[1] >= 0 then
+					ok = pcmp(tdiff(act, clock), tdiff(arg, { 0, 0 })) <= 0
+				end
+				if not ok then
+					code = 0
+				elseif enough then
+					tok = psub(tok, n)
+				else
+					tok, debt = 0, d
+				end
+			end
+		end
+	end
+elseif op == "cancel" then
+	if n ~= 0 then
+		advance(now)
+		changed = true
+		if tcmp(clock, arg) <= 0 then
+			credit(n)
+		end
+	end
+elseif op == "tokens" then
+	advance(now)
+	changed = true
+else -- reset: the clock becomes now, even if earlier
+	clock, rem, tok, debt, changed = now, 0, n, 0, true
+end
+
+-- The bucket is full again at "full"; it expires a second after that, as a
+-- full bucket and a missing key are the same.  One that never fills stays.
+local missing = padd(psub(sb, tok), debt)
+local full = missing == 0 and clock or covered(missing)
+if changed then
+	local value = table.concat({ "tb1", tshow(clock), (debt ~= 0 and "-" .. pstr(debt) or pstr(tok)),
+		pstr(rem), pstr(sp), pstr(sq), pstr(sb) }, " ")
+	local ms = full and pdivceil(tdiff(full, clock), 1000000)
+	if ms == nil or type(ms) ~= "number" or ms > 70368744177664 then
+		redis.call("SET", key, value) -- never full, or not for 2^46 ms
+	else
+		redis.call("SET", key, value, "PX", string.format("%.0f", ms + 1000))
+	end
+end
+return { code, tshow(clock), (debt ~= 0 and "-" .. pstr(debt) or pstr(tok)), pstr(rem), pstr(sq),
+	act and tshow(act) or NEVER, full and tshow(full) or NEVER }

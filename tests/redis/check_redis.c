@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis suites: CK_RUN_SUITE=<name> runs one (each ctest entry does).
+ * Without redis-server they skip (77), or fail where TOKENBUCKET_NO_SKIP is
+ * set, as tests/skip.sh does for the shell tests.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "check_redis.h"
+
+struct server srv;
+struct tokenbucket_redis *cli;
+
+void redis_setup(void)
+{
+	ck_assert_int_eq(server_start(&srv, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_open(&cli, srv.url, SEC, 500 * MS), 0);
+}
+
+void redis_teardown(void)
+{
+	tokenbucket_redis_close(cli);
+	cli = NULL;
+	server_stop(&srv, false);
+}
+
+void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,
+		 const TTest *const *tests)
+{
+	TCase *tc = tcase_create(name);
+	tcase_add_checked_fixture(tc, setup, redis_teardown);
+	tcase_set_timeout(tc, timeout);
+	for (int i = 0; tests[i] != NULL; i++)
+		tcase_add_test(tc, tests[i]);
+	suite_add_tcase(s, tc);
+}
+
+long redis_sequences(long def)
+{
+	const char *s = getenv("TOKENBUCKET_REDIS_SEQUENCES");
+	return s != NULL && atol(s) > 0 ? atol(s) : def;
+}
+
+int main(void)
+{
+	if (!server_available()) {
+		printf("SKIP: redis-server (package redis-server) is not installed\n");
+		if (getenv("TOKENBUCKET_NO_SKIP") != NULL && *getenv("TOKENBUCKET_NO_SKIP") != '\0') {
+			fprintf(stderr, "(TOKENBUCKET_NO_SKIP is set: failing instead)\n");
+			return EXIT_FAILURE;
+		}
+		return 77;
+	}
+	SRunner *sr = srunner_create(redis_diff_suite());
+	srunner_add_suite(sr, redis_faults_suite());
+	srunner_add_suite(sr, redis_concurrency_suite());
+	srunner_add_suite(sr, redis_expiry_suite());
+	srunner_add_suite(sr, redis_badinput_suite());
+	srunner_add_suite(sr, redis_api_suite());
+	srunner_run_all(sr, CK_NORMAL);
+	int failed = srunner_ntests_failed(sr);
+	int run = srunner_ntests_run(sr);
+	srunner_free(sr);
+	return failed == 0 && run > 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}

@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: MIT */
+/* Shared helpers of the Redis suites; each test starts its own server. */
+#ifndef CHECK_REDIS_H
+#define CHECK_REDIS_H
+
+#include <check.h>
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <tokenbucket-redis.h>
+
+#include "server.h"
+
+#define MS INT64_C(1000000)
+#define SEC INT64_C(1000000000)
+
+/* The server and a client of the running test (checked fixtures set them). */
+extern struct server srv;
+extern struct tokenbucket_redis *cli;
+
+/* Starts srv and opens cli on its unix socket with a 500 ms command timeout. */
+void redis_setup(void);
+void redis_teardown(void);
+/* Adds a test case named name to s: each test gets its own server (setup). */
+void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,
+		 const TTest *const *tests);
+/* Sequences for the differential suite: TOKENBUCKET_REDIS_SEQUENCES or def. */
+long redis_sequences(long def);
+
+#define KEY(s) (s), strlen(s)
+
+Suite *redis_diff_suite(void);
+Suite *redis_faults_suite(void);
+Suite *redis_concurrency_suite(void);
+Suite *redis_expiry_suite(void);
+Suite *redis_badinput_suite(void);
+Suite *redis_api_suite(void);
+
+#endif

@@ -1,0 +1,23 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# usage: lua-diff.sh DIFFGEN SCRIPT
+#
+# The differential outside Redis: DIFFGEN writes random sequences with the
+# local library's answers, driver.lua runs SCRIPT on them under lua5.1.
+# TOKENBUCKET_LUA_SEQUENCES sequences (default 50000) of 20 steps, in two
+# halves run side by side.
+set -eu
+gen=$1
+script=$2
+. "$(dirname "$0")/../skip.sh"
+command -v lua5.1 >/dev/null 2>&1 || skip "lua differential: lua5.1 (package lua5.1) is not installed"
+total=${TOKENBUCKET_LUA_SEQUENCES:-50000}
+half=$((total / 2))
+driver=$(dirname "$0")/driver.lua
+"$gen" 1 "$half" 20 | lua5.1 "$driver" "$script" &
+first=$!
+status=0
+"$gen" 2 "$((total - half))" 20 | lua5.1 "$driver" "$script" || status=1
+wait $first || status=1
+exit $status

@@ -1,0 +1,247 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The rest of the surface: the result a server reports, wait with its
+ * deadline and cancel descriptor, the non-blocking format/parse pair on a
+ * socket of the test's own, key prefixes with hash tags, TCP and database
+ * URLs.
+ */
+#include <hiredis/hiredis.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "check_redis.h"
+
+/* 1 token per 100 ms, burst 5. */
+static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 100 * MS, .burst = 5 };
+
+START_TEST(test_result)
+{
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("r"), &lim, 0, 3, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.limit, 5);
+	ck_assert_uint_eq(res.remaining, 2);
+	ck_assert_int_eq(res.retry_after_ns, 0);
+	ck_assert_int_eq(res.reset_after_ns, 300 * MS);
+	ck_assert_uint_eq(res.flags, 0);
+	/* 4 more at 50 ms: 2 there, 2 missing, the first of them at 100 ms. */
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("r"), &lim, 50 * MS, 4, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.remaining, 2);
+	ck_assert_int_eq(res.retry_after_ns, 150 * MS);
+	ck_assert_int_eq(res.reset_after_ns, 250 * MS);
+	/* A reservation in debt: retry_after is its delay. */
+	struct tokenbucket_reservation rv;
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("r"), &lim, 50 * MS, 4, TOKENBUCKET_NEVER, &rv, &res), 0);
+	ck_assert_int_eq(rv.time_to_act, 200 * MS);
+	ck_assert_uint_eq(rv.tokens, 4);
+	ck_assert_uint_eq(res.remaining, 0);
+	ck_assert_int_eq(res.retry_after_ns, 150 * MS);
+	ck_assert_int_eq(res.reset_after_ns, 650 * MS);
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("r"), &lim, 50 * MS, 1, 100 * MS, &rv, &res), -ETIMEDOUT);
+	ck_assert(!res.allowed);
+	ck_assert_int_eq(res.retry_after_ns, 250 * MS);
+	double tokens;
+	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("r"), &lim, 75 * MS, &tokens, &res), 0);
+	ck_assert(tokens == -1.25); /* -2 whole, and three quarters of the next */
+}
+END_TEST
+
+START_TEST(test_wait)
+{
+	/* 5 in the new bucket; the 6th comes 100 ms after its first call. */
+	int64_t t0 = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 5, TOKENBUCKET_NEVER, -1), 0);
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 1, TOKENBUCKET_NEVER, -1), 0);
+	int64_t took = tokenbucket_now() - t0;
+	ck_assert_msg(took >= 95 * MS && took < 1000 * MS, "took %lld", (long long)took);
+	/* 3 more need 300 ms; not there by a deadline 200 ms away: at once, nothing taken. */
+	t0 = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 3, t0 + 200 * MS, -1), -ETIMEDOUT);
+	ck_assert_int_lt(tokenbucket_now() - t0, 200 * MS);
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 6, TOKENBUCKET_NEVER, -1), -E2BIG);
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("w"), &lim, 1, TOKENBUCKET_NEVER, 12345), -EBADF);
+	/* Cancelled while sleeping: the reservation is given back. */
+	int fd = eventfd(0, EFD_CLOEXEC);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(tokenbucket_redis_reset(cli, KEY("c"), &lim, 0), 0);
+	pid_t child = fork();
+	if (child == 0) {
+		tokenbucket_redis_close(cli); /* the parent's */
+		usleep(100000);
+		uint64_t one = 1;
+		_exit(write(fd, &one, sizeof(one)) == sizeof(one) ? 0 : 1);
+	}
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("c"), &lim, 5, TOKENBUCKET_NEVER, fd), -ECANCELED);
+	double tokens;
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("c"), &lim, &tokens, NULL), 0);
+	/* About 1 produced while waiting; without the give-back it would be -4 or less. */
+	ck_assert_msg(tokens >= 0.9 && tokens < 4.9, "tokens %g", tokens);
+	ck_assert_int_eq(tokenbucket_redis_wait(cli, KEY("c"), &lim, 1, TOKENBUCKET_NEVER, fd), -ECANCELED);
+	close(fd);
+}
+END_TEST
+
+static int unix_socket(const char *path)
+{
+	int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+	struct sockaddr_un a = { .sun_family = AF_UNIX };
+	strncpy(a.sun_path, path, sizeof(a.sun_path) - 1);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof(a)), 0);
+	return fd;
+}
+
+/* Sends call on fd and parses the reply as it arrives, one byte at a time. */
+static int exchange(int fd, const struct tokenbucket_redis_call *call, struct tokenbucket_result *res,
+		    struct tokenbucket_reservation *rv, double *tokens)
+{
+	char *cmd;
+	size_t len;
+	ck_assert_int_eq(tokenbucket_redis_format(call, &cmd, &len), 0);
+	ck_assert_int_eq(write(fd, cmd, len), (ssize_t)len);
+	free(cmd);
+	char buf[4096];
+	size_t have = 0, used = 0;
+	for (;;) {
+		ck_assert_int_eq(read(fd, buf + have, 1), 1);
+		have++;
+		int err = tokenbucket_redis_parse(call, buf, have, &used, res, rv, tokens);
+		if (err != -EAGAIN) {
+			ck_assert_uint_eq(used, have);
+			return err;
+		}
+	}
+}
+
+START_TEST(test_format_and_parse)
+{
+	int fd = unix_socket(srv.sock);
+	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .flags = TOKENBUCKET_REDIS_AT,
+					       .key = "a", .keylen = 1, .limit = lim, .now = 0, .n = 2 };
+	struct tokenbucket_result res;
+	/* The script is not cached yet: EVALSHA says so, EVAL loads it. */
+	ck_assert_int_eq(exchange(fd, &call, &res, NULL, NULL), -ENOEXEC);
+	call.flags |= TOKENBUCKET_REDIS_EVAL;
+	ck_assert_int_eq(exchange(fd, &call, &res, NULL, NULL), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.remaining, 3);
+	call.flags = TOKENBUCKET_REDIS_AT;
+	call.op = TOKENBUCKET_REDIS_RESERVE;
+	call.n = 5;
+	call.arg = TOKENBUCKET_NEVER;
+	struct tokenbucket_reservation rv;
+	ck_assert_int_eq(exchange(fd, &call, &res, &rv, NULL), 0);
+	ck_assert_int_eq(rv.time_to_act, 200 * MS);
+	call.op = TOKENBUCKET_REDIS_TOKENS;
+	double tokens;
+	ck_assert_int_eq(exchange(fd, &call, &res, NULL, &tokens), 0);
+	ck_assert(tokens == -2);
+	/* Errors come back as errno values too. */
+	call.op = TOKENBUCKET_REDIS_RESERVE;
+	call.n = 6;
+	ck_assert_int_eq(exchange(fd, &call, &res, &rv, NULL), -E2BIG);
+	ck_assert_int_eq(server_cmd(&srv, "SET bad %s", "x"), REDIS_REPLY_STATUS);
+	call.key = "bad";
+	call.keylen = 3;
+	ck_assert_int_eq(exchange(fd, &call, &res, &rv, NULL), -EBADMSG);
+	close(fd);
+	/* Bad calls are refused before anything is built. */
+	char *cmd;
+	size_t len;
+	call.op = 99;
+	ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), -EINVAL);
+	call.op = TOKENBUCKET_REDIS_ALLOW;
+	call.flags = 1u << 7;
+	ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_format(NULL, &cmd, &len), -EINVAL);
+	size_t used;
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, "+OK\r\n", 5, &used, &res, NULL, NULL), -EPROTO);
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, "*7\r\n:1\r\n", 8, &used, &res, NULL, NULL), -EAGAIN);
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, "?garbage\r\n", 10, &used, &res, NULL, NULL), -EPROTO);
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, "-BUSY x\r\n", 9, &used, &res, NULL, NULL), -EBUSY);
+	ck_assert_uint_eq(used, 9);
+	/* A reply of the right shape with values out of range. */
+	const char *odd = "*7\r\n:1\r\n$1\r\n0\r\n$2\r\n-x\r\n$1\r\n0\r\n$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n";
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, odd, strlen(odd), &used, &res, NULL, NULL), -EPROTO);
+	const char *script = tokenbucket_redis_script(NULL);
+	ck_assert_ptr_nonnull(strstr(script, "tb1"));
+}
+END_TEST
+
+START_TEST(test_prefix_tcp_and_db)
+{
+	struct tokenbucket_redis *r;
+	char url[160];
+	snprintf(url, sizeof(url), "%s/3", srv.tcp_url);
+	ck_assert_int_eq(tokenbucket_redis_open(&r, url, SEC, SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_prefix(r, KEY("{app}:")), 0);
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_allow(r, KEY("user:7"), &lim, 1, &res), 0);
+	ck_assert(res.allowed);
+	tokenbucket_redis_close(r);
+	redisContext *c = server_admin(&srv);
+	redisReply *rep = redisCommand(c, "SELECT 3");
+	freeReplyObject(rep);
+	rep = redisCommand(c, "EXISTS {app}:user:7");
+	ck_assert_int_eq(rep->integer, 1);
+	freeReplyObject(rep);
+	redisFree(c);
+	/* Database 0 has no such key. */
+	ck_assert_int_eq(server_cmd(&srv, "EXISTS {app}:user:7"), REDIS_REPLY_INTEGER);
+	snprintf(url, sizeof(url), "unix://%s?db=3", srv.sock);
+	ck_assert_int_eq(tokenbucket_redis_open(&r, url, SEC, SEC), 0);
+	double tokens;
+	ck_assert_int_eq(tokenbucket_redis_tokens(r, KEY("{app}:user:7"), &lim, &tokens, NULL), 0);
+	ck_assert(tokens >= 4 && tokens < 5);
+	tokenbucket_redis_close(r);
+}
+END_TEST
+
+/* The pool: many threads on one client, each with a connection of its own. */
+struct hammer {
+	int calls;
+	int errors;
+};
+
+static void *hammer(void *arg)
+{
+	struct hammer *h = arg;
+	const struct tokenbucket_redis_limit many = { .tokens = 1, .period_ns = 1000, .burst = 1000 };
+	for (int i = 0; i < 500; i++) {
+		struct tokenbucket_result res;
+		h->errors += tokenbucket_redis_allow(cli, KEY("t"), &many, 1, &res) != 0;
+		h->calls++;
+	}
+	return NULL;
+}
+
+START_TEST(test_threads_share_a_client)
+{
+	pthread_t t[16];
+	struct hammer h[16] = { { 0, 0 } };
+	for (int i = 0; i < 16; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, hammer, &h[i]), 0);
+	for (int i = 0; i < 16; i++) {
+		pthread_join(t[i], NULL);
+		ck_assert_int_eq(h[i].errors, 0);
+		ck_assert_int_eq(h[i].calls, 500);
+	}
+	redisContext *c = server_admin(&srv);
+	redisReply *rep = redisCommand(c, "INFO clients");
+	ck_assert_ptr_nonnull(strstr(rep->str, "connected_clients:"));
+	freeReplyObject(rep);
+	redisFree(c);
+}
+END_TEST
+
+Suite *redis_api_suite(void)
+{
+	Suite *s = suite_create("redis-api");
+	redis_tcase(s, "api", redis_setup, 30,
+		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client, NULL });
+	return s;
+}
