@@ -86,6 +86,14 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 {
 	struct tb__view v;
 	tb__view(tb, &v);
+	if (v.origin == TB__NO_TIME && at != TB__NO_TIME && !(v.gen & 1)) {
+		/*
+		 * The caller that saw the first time has not fixed the origin:
+		 * in a shared bucket it may be a process that was killed.
+		 */
+		fix_origin(tb, at);
+		return;
+	}
 	if ((v.gen & 1) || at == TB__NO_TIME || v.origin == TB__NO_TIME || !tb__past_horizon(&v, at))
 		return;
 	uint64_t burst = atomic_load(&tb->burst), lost = 0;
@@ -134,7 +142,9 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 
 void tb__normalize(struct tokenbucket *tb, int64_t at)
 {
-	pthread_mutex_lock(&tb->writer);
+	/* Fails only on a mutex made unrecoverable behind the library's back. */
+	if (tb__writer_lock(tb))
+		return;
 	tb__normalize_locked(tb, at);
 	pthread_mutex_unlock(&tb->writer);
 }
