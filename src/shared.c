@@ -154,18 +154,28 @@ int tokenbucket_init_shared(struct tokenbucket **tbp, void *mem, size_t size, do
 	return 0;
 }
 
-/* A slot holds a regime a bucket can be in: nothing a reader could divide by zero or misread. */
-static bool slot_valid(const struct tb__slot *s)
+/*
+ * The regime in force is one a bucket can be in: nothing a reader could
+ * divide by zero or misread.  Only the slot in force is checked, read under
+ * the seqlock as every reader reads it: a writer in another process may be
+ * rewriting the other slot (or have died doing so), and no reader uses
+ * that slot before the next writer has written it whole.
+ */
+static bool regime_valid(const struct tokenbucket *tb)
 {
-	uint32_t kind = atomic_load(&s->kind);
-	uint64_t p = atomic_load(&s->p), q = atomic_load(&s->q);
-	if (kind == TB__FINITE)
-		return p >= 1 && q >= 1 && atomic_load(&s->fine0) < q;
-	return (kind == TB__ZERO || kind == TB__INF) && p == 0 && q == 1 &&
-	       atomic_load(&s->fine0) == 0;
+	struct tb__view v;
+	tb__view(tb, &v);
+	if (v.kind == TB__FINITE)
+		return v.p >= 1 && v.q >= 1 && v.fine0 < v.q;
+	return (v.kind == TB__ZERO || v.kind == TB__INF) && v.p == 0 && v.q == 1 && v.fine0 == 0;
 }
 
-/* The checks of the header, then of the state's invariants that readers rely on. */
+/*
+ * The checks of the header, then of the state's words that readers rely
+ * on.  Words that writers change in several steps are checked only for
+ * what holds at every step (a writer may be running, or have died): the
+ * threshold may briefly exceed a burst being lowered.
+ */
 static int shared_check(const struct tb__shared *s, size_t size)
 {
 	if (size < sizeof(struct tb__header) || s->header.h.magic != TB__MAGIC)
@@ -180,11 +190,10 @@ static int shared_check(const struct tb__shared *s, size_t size)
 	if (size < sizeof(struct tb__shared))
 		return -EBADMSG;
 	const struct tokenbucket *tb = &s->state;
-	uint64_t burst = atomic_load(&tb->burst);
 	uint64_t threshold = atomic_load(&tb->threshold);
-	if (burst > TOKENBUCKET_BURST_MAX || threshold == 0 || threshold > (burst ? burst : 1) ||
-	    (tb->flags & ~TOKENBUCKET_CAPPED_RELEASE) || atomic_load(&tb->kind) > TB__INF ||
-	    !slot_valid(&tb->slot[0]) || !slot_valid(&tb->slot[1]))
+	if (atomic_load(&tb->burst) > TOKENBUCKET_BURST_MAX || threshold == 0 ||
+	    threshold > TOKENBUCKET_BURST_MAX || (tb->flags & ~TOKENBUCKET_CAPPED_RELEASE) ||
+	    atomic_load(&tb->kind) > TB__INF || !regime_valid(tb))
 		return -EBADMSG;
 	return 0;
 }
