@@ -151,6 +151,12 @@ void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at);
  * the mutex consistent (docs/DESIGN.md, "Crashes").  0 or a negative errno.
  */
 int tb__writer_lock(struct tokenbucket *tb);
+/*
+ * For a call that found the regime frozen (gen odd): if the writer that
+ * froze it died holding the lock, repairs the bucket as tb__writer_lock
+ * would.  Never waits: a live writer's lock is left alone.
+ */
+void tb__writer_help(struct tokenbucket *tb);
 
 /* ---- rovers.c: the shared core ------------------------------------------- */
 
@@ -334,8 +340,8 @@ tb__enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at, 
 			goto slow;
 		seen = now;
 	}
-	if (__builtin_expect(atomic_load(&tb->gen) != v->gen || tb__past_horizon(v, seen) ||
-				     tb__capped(tb),
+	if (__builtin_expect(atomic_load(&tb->gen) != v->gen || (v->gen & 1) ||
+				     tb__past_horizon(v, seen) || tb__capped(tb),
 			     0))
 		goto slow;
 	*at = seen;

@@ -25,8 +25,15 @@ void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
 	atomic_store_explicit(&s->hoff, n->hoff, memory_order_relaxed);
 	atomic_store_explicit(&s->limit, n->limit, memory_order_relaxed);
 	atomic_store_explicit(&s->kind, n->kind, memory_order_relaxed);
-	atomic_store(&tb->gen, next);
+	/*
+	 * The kind mirror goes first, while gen is still odd (a rate change or
+	 * reset froze the regime): a writer killed between the two stores
+	 * leaves gen odd, which the next call repairs (tb__writer_help).  In
+	 * the other order a dead writer could leave a finite regime in force
+	 * with the mirror still saying unlimited, and nothing would notice.
+	 */
 	atomic_store_explicit(&tb->kind, n->kind, memory_order_relaxed);
+	atomic_store(&tb->gen, next);
 }
 
 /* The first caller that passes a time fixes the origin of regime 0. */
@@ -185,6 +192,9 @@ void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int
 {
 	for (;;) {
 		tb__view(tb, v);
+		/* A frozen regime whose writer died produces nothing until repaired. */
+		if (v->gen & 1)
+			tb__writer_help(tb);
 		*at = tb__observe(tb, now);
 		/*
 		 * The first time seen fixes the origin of regime 0 (or is being

@@ -267,6 +267,18 @@ int tb__writer_lock(struct tokenbucket *tb)
 	return -err;
 }
 
+void tb__writer_help(struct tokenbucket *tb)
+{
+	int err = pthread_mutex_trylock(&tb->writer);
+	if (err == EOWNERDEAD) {
+		recover(tb);
+		pthread_mutex_consistent(&tb->writer);
+	} else if (err) {
+		return; /* a live writer holds it: the freeze ends when it publishes */
+	}
+	pthread_mutex_unlock(&tb->writer);
+}
+
 /* ---- Named buckets ------------------------------------------------------- */
 
 /* "/dev/shm/tokenbucket.<name without its slash>", or a negative errno for a bad name. */

@@ -556,14 +556,26 @@ START_TEST(dead_writer_recovered)
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert(WIFSIGNALED(st));
 	ck_assert_uint_eq(atomic_load(&tb->gen) & 1, 1);
-	/* Takes go on while frozen: production stops at frozen_at. */
-	ck_assert_tokens(tokenbucket_tokens_at(tb, SEC + 5 * MS), 2);
 	/* The next writer is not blocked and rolls the change back. */
 	ck_assert_int_eq(tokenbucket_set_threshold(tb, 3), 0);
 	ck_assert_uint_eq(atomic_load(&tb->gen) & 1, 0);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, SEC + 5 * MS), 5);
 	ck_assert_int_eq(tokenbucket_set_rate_every_at(tb, SEC + 5 * MS, 2, MS), 0);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, SEC + 6 * MS), 7);
+	/* A take that finds a dead writer's freeze repairs it too, without a writer. */
+	pid = fork();
+	if (pid == 0) {
+		pthread_mutex_lock(&tb->writer);
+		atomic_store(&tb->frozen_at, SEC + 6 * MS);
+		atomic_fetch_add(&tb->gen, 1);
+		raise(SIGKILL);
+	}
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_uint_eq(atomic_load(&tb->gen) & 1, 1);
+	ck_assert(tokenbucket_allow_at(tb, SEC + 10 * MS, 10));
+	ck_assert_uint_eq(atomic_load(&tb->gen) & 1, 0);
+	ck_assert_int_eq(pthread_mutex_trylock(&tb->writer), 0);
+	pthread_mutex_unlock(&tb->writer);
 	/* A second death in a row, at unlimited rate, is recovered as well. */
 	ck_assert_int_eq(tokenbucket_set_rate(tb, TOKENBUCKET_INF), 0);
 	pid = fork();
