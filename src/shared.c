@@ -228,19 +228,11 @@ int tokenbucket_attach_shared(struct tokenbucket **tbp, void *mem, size_t size)
  */
 static void recover(struct tokenbucket *tb)
 {
-	uint64_t gen = atomic_load(&tb->gen);
-	const struct tb__slot *s = &tb->slot[(gen >> 1) & 1];
-	struct tb__view v = {
-		.origin = atomic_load(&s->origin),
-		.fine0 = atomic_load(&s->fine0),
-		.p = atomic_load(&s->p),
-		.q = atomic_load(&s->q),
-		.hoff = atomic_load(&s->hoff),
-		.limit = atomic_load(&s->limit),
-		.kind = (enum tb__kind)atomic_load(&s->kind),
-		.until = TOKENBUCKET_NEVER,
-	};
-	if (gen & 1)
+	/* The lock is held and its last holder is dead: nothing changes the regime. */
+	struct tb__view v;
+	bool frozen = !tb__load_regime(tb, &v);
+	v.until = TOKENBUCKET_NEVER;
+	if (frozen)
 		tb__publish(tb, &v);
 	else
 		atomic_store(&tb->kind, v.kind);

@@ -71,6 +71,30 @@ static struct tokenbucket *open_new(const char *name, uint64_t tokens, int64_t p
 	return tb;
 }
 
+/* A new named bucket for one test: its name goes to name (64 bytes). */
+static struct tokenbucket *fresh(char *name, const char *tag, uint64_t tokens, int64_t period,
+				 uint64_t burst)
+{
+	test_name(name, 64, tag);
+	return open_new(name, tokens, period, burst);
+}
+
+/* In a forked child: the named bucket as it is, or the child exits with 1. */
+static struct tokenbucket *child_open(const char *name)
+{
+	struct tokenbucket *tb = NULL;
+	if (tokenbucket_open(&tb, name, 0, 0, 0, 0, NULL) != 0)
+		_exit(1);
+	return tb;
+}
+
+/* Closes the test's bucket and removes its name. */
+static void done(struct tokenbucket *tb, const char *name)
+{
+	tokenbucket_close(tb);
+	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+}
+
 /* ---- Placement in caller memory ----------------------------------------- */
 
 START_TEST(placed_size_and_attach)
@@ -253,8 +277,7 @@ START_TEST(named_bad_names)
 	snprintf(name + TOKENBUCKET_NAME_MAX - 10, 12, "%010ld", (long)getpid());
 	tokenbucket_unlink(name);
 	ck_assert_int_eq(tokenbucket_open(&tb, name, 1, 1, 0, 0, NULL), 0);
-	tokenbucket_close(tb);
-	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	done(tb, name);
 }
 END_TEST
 
@@ -342,8 +365,7 @@ START_TEST(named_other_user)
 	if (geteuid() != 0)
 		return; /* needs root to become another user; skipped otherwise */
 	char name[64];
-	test_name(name, sizeof(name), "perm");
-	struct tokenbucket *tb = open_new(name, 1, MS, 10);
+	struct tokenbucket *tb = fresh(name, "perm", 1, MS, 10);
 	pid_t pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
@@ -358,8 +380,7 @@ START_TEST(named_other_user)
 	ck_assert(child_ok(pid));
 	/* Nothing changed. */
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 0), 10);
-	tokenbucket_close(tb);
-	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	done(tb, name);
 }
 END_TEST
 
@@ -472,9 +493,7 @@ static void run_procs(const char *name, struct arena *a, bool reserve)
 		pids[i] = fork();
 		ck_assert_int_ge(pids[i], 0);
 		if (pids[i] == 0) {
-			struct worker w = {.a = a, .reserve = reserve};
-			if (tokenbucket_open(&w.tb, name, 0, 0, 0, 0, NULL) != 0)
-				_exit(1);
+			struct worker w = {.a = a, .reserve = reserve, .tb = child_open(name)};
 			pthread_t th[PTHREADS];
 			for (int j = 0; j < PTHREADS; j++)
 				pthread_create(&th[j], NULL, exact_loop, &w);
@@ -510,23 +529,20 @@ START_TEST(procs_exact_bound)
 	double left = tokenbucket_tokens_at(tb, t0 + elapsed);
 	ck_assert(left >= 0 && left <= (double)burst);
 	ck_assert_uint_ge(granted, produced / 2);
-	tokenbucket_close(tb);
-	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	done(tb, name);
 }
 END_TEST
 
 START_TEST(procs_rate0_conserves)
 {
 	char name[64];
-	test_name(name, sizeof(name), "rate0");
 	struct arena *a = shared_anon(sizeof(*a));
-	struct tokenbucket *tb = open_new(name, 0, SEC, 50);
+	struct tokenbucket *tb = fresh(name, "rate0", 0, SEC, 50);
 	atomic_store(&a->clock, SEC);
 	run_procs(name, a, true);
 	ck_assert_int_eq(atomic_load(&a->bad), 0);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, atomic_load(&a->clock)), 50);
-	tokenbucket_close(tb);
-	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	done(tb, name);
 }
 END_TEST
 
@@ -540,8 +556,7 @@ END_TEST
 START_TEST(dead_writer_recovered)
 {
 	char name[64];
-	test_name(name, sizeof(name), "dead");
-	struct tokenbucket *tb = open_new(name, 1, MS, 10);
+	struct tokenbucket *tb = fresh(name, "dead", 1, MS, 10);
 	ck_assert_int_eq(tokenbucket_reset_at(tb, SEC, 0), 0);
 	pid_t pid = fork();
 	ck_assert_int_ge(pid, 0);
@@ -587,8 +602,7 @@ START_TEST(dead_writer_recovered)
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_int_eq(tokenbucket_set_burst_at(tb, 2 * SEC, 10), 0);
 	ck_assert_tokens(tokenbucket_tokens_at(tb, 2 * SEC), 10);
-	tokenbucket_close(tb);
-	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	done(tb, name);
 }
 END_TEST
 
@@ -690,8 +704,7 @@ START_TEST(sigkill_storm)
 	ck_assert(tokenbucket_tokens_at(tb, t) <= STORM_BURST);
 	/* Survivors go on: the bucket still grants what the rate produces. */
 	ck_assert(tokenbucket_allow_at(tb, t + 100 * SEC, STORM_BURST));
-	tokenbucket_close(tb);
-	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	done(tb, name);
 }
 END_TEST
 
@@ -700,18 +713,15 @@ END_TEST
 START_TEST(faces_across_processes)
 {
 	char name[64];
-	test_name(name, sizeof(name), "faces");
 	/* 20000 tokens per second, burst 20: the 400 tokens below need 19 ms at least. */
-	struct tokenbucket *tb = open_new(name, 20, MS, 20);
+	struct tokenbucket *tb = fresh(name, "faces", 20, MS, 20);
 	struct arena *a = shared_anon(sizeof(*a));
 	int64_t start = tokenbucket_now();
 	tokenbucket_replenish(tb, start);
 	pid_t replenisher = fork();
 	ck_assert_int_ge(replenisher, 0);
 	if (replenisher == 0) {
-		struct tokenbucket *mine = NULL;
-		if (tokenbucket_open(&mine, name, 0, 0, 0, 0, NULL) != 0)
-			_exit(1);
+		struct tokenbucket *mine = child_open(name);
 		while (!atomic_load(&a->go)) {
 			tokenbucket_replenish(mine, tokenbucket_now());
 			usleep(100);
@@ -721,9 +731,7 @@ START_TEST(faces_across_processes)
 	pid_t dispatcher = fork();
 	ck_assert_int_ge(dispatcher, 0);
 	if (dispatcher == 0) {
-		struct tokenbucket *mine = NULL;
-		if (tokenbucket_open(&mine, name, 0, 0, 0, 0, NULL) != 0)
-			_exit(1);
+		struct tokenbucket *mine = child_open(name);
 		for (int i = 0; i < 20; i++) {
 			uint64_t ticket = tokenbucket_grab(mine, 10);
 			while (tokenbucket_deficiency(mine, ticket) != 0)
@@ -734,9 +742,7 @@ START_TEST(faces_across_processes)
 	pid_t client = fork();
 	ck_assert_int_ge(client, 0);
 	if (client == 0) {
-		struct tokenbucket *mine = NULL;
-		if (tokenbucket_open(&mine, name, 0, 0, 0, 0, NULL) != 0)
-			_exit(1);
+		struct tokenbucket *mine = child_open(name);
 		for (int i = 0; i < 20; i++)
 			if (tokenbucket_wait(mine, 10, tokenbucket_now() + 10 * SEC, -1) != 0)
 				_exit(2);
@@ -749,8 +755,7 @@ START_TEST(faces_across_processes)
 	ck_assert(child_ok(replenisher));
 	/* 400 tokens at 20 per ms with 20 there at the start: at least 19 ms. */
 	ck_assert_int_ge(took, 19 * MS);
-	tokenbucket_close(tb);
-	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	done(tb, name);
 }
 END_TEST
 
