@@ -369,13 +369,22 @@ START_TEST(named_other_user)
 	pid_t pid = fork();
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0) {
-		if (setgid(65534) != 0 || setuid(65534) != 0)
+		/*
+		 * Root stays the saved user, so that the child is root again
+		 * before it exits: under valgrind, its files in /tmp are root's.
+		 */
+		if (setresgid(65534, 65534, 0) != 0 || setresuid(65534, 65534, 0) != 0)
 			_exit(3);
+		int ret = 0;
 		struct tokenbucket *mine = NULL;
 		if (tokenbucket_open(&mine, name, 1, 10, 0, 0, NULL) != -EACCES || mine != NULL)
-			_exit(1);
+			ret = 1;
 		/* /dev/shm is sticky: another user's name cannot be removed either. */
-		_exit(tokenbucket_unlink(name) == -EPERM ? 0 : 2);
+		else if (tokenbucket_unlink(name) != -EPERM)
+			ret = 2;
+		if (setresuid(0, 0, 0) != 0 || setresgid(0, 0, 0) != 0)
+			ret = 4;
+		_exit(ret);
 	}
 	ck_assert(child_ok(pid));
 	/* Nothing changed. */
@@ -690,7 +699,10 @@ START_TEST(sigkill_storm)
 	}
 	fprintf(stderr, "sigkill storm: %d kills survived (%d of writers, %d seen mid-change), %ld calls\n",
 		kills, writer_kills, frozen, atomic_load(&s->calls));
-	ck_assert_int_ge(kills, KILLS / 2);
+	/* All 400 come in a few seconds; under valgrind (20 times slower) fewer do in 20 s. */
+	const char *slow = getenv("CK_TIMEOUT_MULTIPLIER");
+	int need = KILLS / (slow && atoi(slow) > 1 ? atoi(slow) : 1);
+	ck_assert_int_ge(kills, need);
 	ck_assert_int_eq(atomic_load(&s->bad), 0);
 	/* A writer lock held by a dead process does not block the next writer. */
 	alarm(10);
