@@ -280,6 +280,10 @@ TOKENBUCKET_API int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now
  *  -EPROTO    a bucket of another layout: another layout version, state
  *             size or alignment, or library major version;
  *  -EAGAIN    a bucket whose initialisation has not finished (or died).
+ * On a shared bucket, the writers (set_*, reset_at) may also return the
+ * negated error of pthread_mutex_lock(3); only ENOTRECOVERABLE is possible,
+ * and only if a process unlocked the writer mutex of a dead holder without
+ * repairing, which this library never does.
  */
 
 /* Bytes a shared bucket needs (a header and the state). */
