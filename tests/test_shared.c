@@ -12,6 +12,7 @@
  * The bucket's internals (src/internal.h) are read to check that a writer
  * killed mid-change leaves no frozen regime behind once recovered.
  */
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -400,47 +401,88 @@ struct race {
 	atomic_int created, differs, failed;
 };
 
-START_TEST(named_create_race)
+/* One racer: opens the name when told to; exits 0 if it got a whole bucket. */
+static void racer(const char *name, struct race *r)
+{
+	while (!atomic_load(&r->go))
+		;
+	struct tokenbucket *tb = NULL;
+	unsigned status = 0;
+	int err = tokenbucket_open(&tb, name, 1000, 100, 0, 0600, &status);
+	if (err) {
+		atomic_fetch_add(&r->failed, 1);
+		_exit(1);
+	}
+	if (status & TOKENBUCKET_OPEN_CREATED)
+		atomic_fetch_add(&r->created, 1);
+	if (status & TOKENBUCKET_OPEN_DIFFERS)
+		atomic_fetch_add(&r->differs, 1);
+	/* Complete whoever created it: full, with the asked burst. */
+	_exit(tokenbucket_burst(tb) == 100 && tokenbucket_tokens_at(tb, 0) == 100 ? 0 : 2);
+}
+
+/*
+ * RACERS processes open one new name at once, ROUNDS times; with kill, the
+ * odd ones are killed at a random moment of it.  The others all get the
+ * one bucket, whole.
+ */
+static void create_race(const char *tag, bool kill_some)
 {
 	char name[64];
-	test_name(name, sizeof(name), "race");
+	test_name(name, sizeof(name), tag);
 	struct race *r = shared_anon(sizeof(*r));
+	srand(7);
 	for (int round = 0; round < ROUNDS; round++) {
 		atomic_store(&r->go, 0);
+		int created = atomic_load(&r->created);
 		pid_t pids[RACERS];
 		for (int i = 0; i < RACERS; i++) {
 			pids[i] = fork();
 			ck_assert_int_ge(pids[i], 0);
-			if (pids[i] == 0) {
-				while (!atomic_load(&r->go))
-					;
-				struct tokenbucket *tb = NULL;
-				unsigned status = 0;
-				int err = tokenbucket_open(&tb, name, 1000, 100, 0, 0600, &status);
-				if (err) {
-					atomic_fetch_add(&r->failed, 1);
-					_exit(1);
-				}
-				if (status & TOKENBUCKET_OPEN_CREATED)
-					atomic_fetch_add(&r->created, 1);
-				if (status & TOKENBUCKET_OPEN_DIFFERS)
-					atomic_fetch_add(&r->differs, 1);
-				/* Complete whoever created it: full, with the asked burst. */
-				_exit(tokenbucket_burst(tb) == 100 &&
-						      tokenbucket_tokens_at(tb, 0) == 100
-					      ? 0
-					      : 2);
-			}
+			if (pids[i] == 0)
+				racer(name, r);
 		}
 		atomic_store(&r->go, 1);
+		for (int i = 1; kill_some && i < RACERS; i += 2) {
+			usleep((useconds_t)(rand() % 200));
+			kill(pids[i], SIGKILL);
+		}
 		for (int i = 0; i < RACERS; i++)
-			ck_assert(child_ok(pids[i]));
-		ck_assert_int_eq(atomic_load(&r->created), round + 1);
-		ck_assert_int_eq(tokenbucket_unlink(name), 0);
+			if (!kill_some || i % 2 == 0)
+				ck_assert(child_ok(pids[i]));
+			else
+				waitpid(pids[i], NULL, 0);
+		/* One creator a round, or none seen if the one that created it was killed after. */
+		ck_assert_int_le(atomic_load(&r->created) - created, 1);
+		if (!kill_some)
+			ck_assert_int_eq(atomic_load(&r->created) - created, 1);
+		struct tokenbucket *tb = NULL;
+		unsigned status = 99;
+		ck_assert_int_eq(tokenbucket_open(&tb, name, 1000, 100, 0, 0, &status), 0);
+		ck_assert_uint_eq(status, 0);
+		done(tb, name);
 	}
 	ck_assert_int_eq(atomic_load(&r->differs), 0);
 	ck_assert_int_eq(atomic_load(&r->failed), 0);
 	munmap(r, sizeof(*r));
+}
+
+START_TEST(named_create_race)
+{
+	create_race("race", false);
+}
+END_TEST
+
+/* Creators killed while creating leave no half bucket, and nothing else in /dev/shm. */
+START_TEST(named_create_killed)
+{
+	create_race("killed", true);
+	DIR *dir = opendir("/dev/shm");
+	ck_assert_ptr_nonnull(dir);
+	for (struct dirent *e; (e = readdir(dir)) != NULL;)
+		ck_assert_msg(strncmp(e->d_name, ".tokenbucket.", 13) != 0, "left behind: %s",
+			      e->d_name);
+	closedir(dir);
 }
 END_TEST
 
@@ -785,6 +827,7 @@ Suite *shared_suite(void)
 	tcase_add_test(tc, named_foreign_objects);
 	tcase_add_test(tc, named_other_user);
 	tcase_add_test(tc, named_create_race);
+	tcase_add_test(tc, named_create_killed);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("processes");
 	tcase_set_timeout(tc, 60);
