@@ -269,8 +269,10 @@ TOKENBUCKET_API int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now
  * processes and threads at once, lock-free as before; the writers serialise
  * on a process-shared robust mutex, so a process killed at any instant
  * (SIGKILL included) never leaves the bucket blocked or inconsistent
- * (docs/DESIGN.md, "Crashes").  tokenbucket_free must never be called on a
- * shared bucket.  Since 1.1.0.
+ * (docs/DESIGN.md, "Crashes"): the next writer, or the next call that
+ * passes a time, takes over the lock of a writer that died (trying it,
+ * never waiting for it) and rolls back what it left half done.
+ * tokenbucket_free must never be called on a shared bucket.  Since 1.1.0.
  *
  * Errors of the shared placement, in addition to those of tokenbucket_create:
  *  -ENOTSUP   8-byte atomics are not lock-free (or not address-free) here, or
