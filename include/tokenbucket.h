@@ -35,6 +35,7 @@
 #define TOKENBUCKET_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -43,7 +44,7 @@ extern "C" {
 
 /* The version, defined here once; the build system reads it from this file. */
 #define TOKENBUCKET_VERSION_MAJOR 1
-#define TOKENBUCKET_VERSION_MINOR 0
+#define TOKENBUCKET_VERSION_MINOR 1
 #define TOKENBUCKET_VERSION_PATCH 0
 #define TOKENBUCKET_VERSION_NUMBER \
 	(TOKENBUCKET_VERSION_MAJOR * 10000 + TOKENBUCKET_VERSION_MINOR * 100 + \
@@ -280,6 +281,94 @@ struct tokenbucket_result {
 };
 /* The decision was made by a local fallback bucket, not by the shared one. */
 #define TOKENBUCKET_RESULT_LOCAL (1u << 0)
+
+/* ---- 1.1: buckets shared between processes ------------------------------- */
+
+/*
+ * A bucket may live in memory shared between processes: memory the caller
+ * maps (shm_open, memfd, a file, an arena) or a named bucket this library
+ * maps.  Every function above works on such a bucket from any number of
+ * processes and threads at once, lock-free as before; the writers serialise
+ * on a process-shared robust mutex, so a process killed at any instant
+ * (SIGKILL included) never leaves the bucket blocked or inconsistent
+ * (docs/DESIGN.md, "Crashes"): the next writer, or the next call that
+ * passes a time, takes over the lock of a writer that died (trying it,
+ * never waiting for it) and rolls back what it left half done.
+ * tokenbucket_free must never be called on a shared bucket.  Since 1.1.0.
+ *
+ * Errors of the shared placement, in addition to those of tokenbucket_create:
+ *  -ENOTSUP   8-byte atomics are not lock-free (or not address-free) here, or
+ *             the system has no process-shared robust mutexes;
+ *  -EBADMSG   the memory or object is not a bucket: no magic, too small
+ *             (truncated), or a state no bucket can be in;
+ *  -EPROTO    a bucket of another layout: another layout version, state
+ *             size or alignment, or library major version;
+ *  -EAGAIN    a bucket whose initialisation has not finished (or died).
+ * On a shared bucket, the writers (set_*, reset_at) may also return the
+ * negated error of pthread_mutex_lock(3); only ENOTRECOVERABLE is possible,
+ * and only if a process unlocked the writer mutex of a dead holder without
+ * repairing, which this library never does.
+ */
+
+/* Bytes a shared bucket needs (a header and the state). */
+TOKENBUCKET_API size_t tokenbucket_shared_size(void);
+/* The alignment, in bytes, the memory of a shared bucket needs. */
+TOKENBUCKET_API size_t tokenbucket_shared_align(void);
+/*
+ * Initialises a full bucket, as tokenbucket_create would, in the size bytes
+ * at mem (aligned to tokenbucket_shared_align(), size at least
+ * tokenbucket_shared_size()), and stores in *tbp the bucket it holds.  No
+ * other process may use the memory until this returns; attaching before
+ * then gives -EAGAIN.  -EINVAL also: mem NULL or misaligned, size too small.
+ */
+TOKENBUCKET_API int tokenbucket_init_shared(struct tokenbucket **tbp, void *mem, size_t size,
+					    double rate, uint64_t burst, unsigned flags);
+/*
+ * Stores in *tbp the bucket that another process (or this one) initialised
+ * in the size bytes at mem, after checking its header and state.
+ * -EINVAL: tbp or mem NULL, mem misaligned.  -EBADMSG, -EPROTO, -EAGAIN,
+ * -ENOTSUP: see above.
+ */
+TOKENBUCKET_API int tokenbucket_attach_shared(struct tokenbucket **tbp, void *mem, size_t size);
+
+/* The longest name of a named bucket, in bytes after its leading '/'. */
+#define TOKENBUCKET_NAME_MAX 200
+/* *status after tokenbucket_open: this call created the bucket. */
+#define TOKENBUCKET_OPEN_CREATED (1u << 0)
+/* *status after tokenbucket_open: the bucket existed with another rate, burst or flags. */
+#define TOKENBUCKET_OPEN_DIFFERS (1u << 1)
+
+/*
+ * Opens the named bucket name ("/" then 1 to TOKENBUCKET_NAME_MAX bytes,
+ * none of them '/'), as sem_open(3) opens a named semaphore.  If it does
+ * not exist, creates it with rate, burst and flags (as tokenbucket_create)
+ * and permissions mode (exactly, umask aside; 0 means 0600); the bucket is
+ * initialised completely before its name appears, so of processes creating
+ * one name at once exactly one creates it and the others attach to it.  If
+ * it exists, attaches to it as it is: its rate, burst and flags stand, and
+ * TOKENBUCKET_OPEN_DIFFERS in *status says they are not the ones asked
+ * for.  status may be NULL.  The bucket lives in /dev/shm until
+ * tokenbucket_unlink; tokenbucket_close unmaps it.
+ * -EINVAL: tbp NULL, a bad name, rate or flags; mode beyond 0777.
+ * -ENAMETOOLONG.  -EACCES: the bucket exists and mode bits forbid reading
+ * and writing it.  -EBADMSG, -EPROTO, -ENOTSUP: see above; other negative
+ * errno values of open(2), ftruncate(2) and mmap(2).
+ */
+TOKENBUCKET_API int tokenbucket_open(struct tokenbucket **tbp, const char *name, double rate,
+				     uint64_t burst, unsigned flags, unsigned mode,
+				     unsigned *status);
+/*
+ * Unmaps a bucket that tokenbucket_open returned; accepts NULL.  The bucket
+ * and its name stay for other processes.  No other call on tb in this
+ * process may be running.
+ */
+TOKENBUCKET_API void tokenbucket_close(struct tokenbucket *tb);
+/*
+ * Removes the name of a named bucket; processes that have it open keep using
+ * it until they close it.  -EINVAL, -ENAMETOOLONG: as tokenbucket_open.
+ * -ENOENT: no such bucket.  -EACCES, -EPERM: not allowed.
+ */
+TOKENBUCKET_API int tokenbucket_unlink(const char *name);
 
 #ifdef __cplusplus
 }

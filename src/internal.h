@@ -130,6 +130,34 @@ uint64_t tb__remainder(const struct tb__view *v, int64_t t);
 /* Until when a regime may run before it must be normalized (INT64_MAX: for ever). */
 int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0);
 
+/* ---- regime.c: life cycle and writers ----------------------------------- */
+
+/* -EINVAL for unknown flags, -ERANGE for a burst beyond TOKENBUCKET_BURST_MAX. */
+int tb__bucket_check(uint64_t burst, unsigned flags);
+/*
+ * Initialises a full bucket with no time seen in the memory at tb (checked
+ * arguments); attr is the writer mutex's (NULL: the default).
+ */
+int tb__bucket_init(struct tokenbucket *tb, enum tb__kind kind, uint64_t p, uint64_t q,
+		    uint64_t burst, unsigned flags, const pthread_mutexattr_t *attr);
+/* An unlimited rate means full: head rises to burst (capped: within ceil). */
+void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at);
+
+/* ---- shared.c: buckets in shared memory --------------------------------- */
+
+/*
+ * Takes tb->writer.  On a shared bucket whose last holder died holding it
+ * (EOWNERDEAD), first repairs what that writer left half done, then marks
+ * the mutex consistent (docs/DESIGN.md, "Crashes").  0 or a negative errno.
+ */
+int tb__writer_lock(struct tokenbucket *tb);
+/*
+ * For a call that found the regime frozen (gen odd): if the writer that
+ * froze it died holding the lock, repairs the bucket as tb__writer_lock
+ * would.  Never waits: a live writer's lock is left alone.
+ */
+void tb__writer_help(struct tokenbucket *tb);
+
 /* ---- rovers.c: the shared core ------------------------------------------- */
 
 /* The clock's slow path: records now > seen; fixes the origin on the first time. */
@@ -312,8 +340,8 @@ tb__enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at, 
 			goto slow;
 		seen = now;
 	}
-	if (__builtin_expect(atomic_load(&tb->gen) != v->gen || tb__past_horizon(v, seen) ||
-				     tb__capped(tb),
+	if (__builtin_expect(atomic_load(&tb->gen) != v->gen || (v->gen & 1) ||
+				     tb__past_horizon(v, seen) || tb__capped(tb),
 			     0))
 		goto slow;
 	*at = seen;

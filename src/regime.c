@@ -19,26 +19,26 @@
 
 #include "internal.h"
 
-static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, uint64_t q,
-		      uint64_t burst, unsigned flags)
+int tb__bucket_check(uint64_t burst, unsigned flags)
 {
 	if (flags & ~TOKENBUCKET_CAPPED_RELEASE)
 		return -EINVAL;
 	if (burst > TOKENBUCKET_BURST_MAX)
 		return -ERANGE;
+	return 0;
+}
+
+int tb__bucket_init(struct tokenbucket *tb, enum tb__kind kind, uint64_t p, uint64_t q,
+		    uint64_t burst, unsigned flags, const pthread_mutexattr_t *attr)
+{
 	if (kind != TB__FINITE) {
 		p = 0; /* a regime that produces nothing: F is 0 */
 		q = 1;
 	}
-	struct tokenbucket *tb = aligned_alloc(alignof(struct tokenbucket), sizeof(*tb));
-	if (tb == NULL)
-		return -ENOMEM;
 	memset(tb, 0, sizeof(*tb));
-	int err = pthread_mutex_init(&tb->writer, NULL);
-	if (err) {
-		free(tb);
+	int err = pthread_mutex_init(&tb->writer, attr);
+	if (err)
 		return -err;
-	}
 	/* Full, with no time seen: the first call that passes a time fixes the clock. */
 	atomic_init(&tb->tail, 0);
 	atomic_init(&tb->head, burst);
@@ -59,6 +59,23 @@ static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, 
 		atomic_init(&tb->slot[i].hoff, 0);
 		atomic_init(&tb->slot[i].limit, INT64_MIN); /* no origin yet */
 		atomic_init(&tb->slot[i].kind, kind);
+	}
+	return 0;
+}
+
+static int bucket_new(struct tokenbucket **tbp, enum tb__kind kind, uint64_t p, uint64_t q,
+		      uint64_t burst, unsigned flags)
+{
+	int err = tb__bucket_check(burst, flags);
+	if (err)
+		return err;
+	struct tokenbucket *tb = aligned_alloc(alignof(struct tokenbucket), sizeof(*tb));
+	if (tb == NULL)
+		return -ENOMEM;
+	err = tb__bucket_init(tb, kind, p, q, burst, flags, NULL);
+	if (err) {
+		free(tb);
+		return err;
 	}
 	*tbp = tb;
 	return 0;
@@ -111,7 +128,7 @@ static int64_t writer_enter(struct tokenbucket *tb, int64_t now, struct tb__view
  * An unlimited rate means full: head rises to burst, and with capped release
  * no further than ceil.
  */
-static void fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at)
+void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at)
 {
 	uint64_t burst = atomic_load(&tb->burst);
 	uint64_t head = atomic_load(&tb->head);
@@ -162,7 +179,7 @@ static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind,
 	tb__publish(tb, &n);
 	if (kind == TB__INF) {
 		n.until = TOKENBUCKET_NEVER;
-		fill(tb, &n, at);
+		tb__fill(tb, &n, at);
 	}
 }
 
@@ -172,7 +189,9 @@ int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate)
 		return -EINVAL;
 	uint64_t p, q;
 	enum tb__kind kind = tb__ratio_from_rate(rate, &p, &q);
-	pthread_mutex_lock(&tb->writer);
+	int err = tb__writer_lock(tb);
+	if (err)
+		return err;
 	change_rate(tb, now, kind, p, q);
 	pthread_mutex_unlock(&tb->writer);
 	return 0;
@@ -190,7 +209,9 @@ int tokenbucket_set_rate_every_at(struct tokenbucket *tb, int64_t now, uint64_t 
 		return -EINVAL;
 	uint64_t p, q;
 	enum tb__kind kind = tb__ratio_from_every(tokens, period_ns, &p, &q);
-	pthread_mutex_lock(&tb->writer);
+	int err = tb__writer_lock(tb);
+	if (err)
+		return err;
 	change_rate(tb, now, kind, p, q);
 	pthread_mutex_unlock(&tb->writer);
 	return 0;
@@ -202,7 +223,9 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 		return -EINVAL;
 	if (burst > TOKENBUCKET_BURST_MAX)
 		return -ERANGE;
-	pthread_mutex_lock(&tb->writer);
+	int err = tb__writer_lock(tb);
+	if (err)
+		return err;
 	struct tb__view v;
 	int64_t at = writer_enter(tb, now, &v);
 	/* What lies above the old burst was lost at that burst: a higher one does not bring it back. */
@@ -213,7 +236,7 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 	if (atomic_load(&tb->threshold) > max_threshold)
 		atomic_store(&tb->threshold, max_threshold);
 	if (tb__unlimited(tb))
-		fill(tb, &v, at);
+		tb__fill(tb, &v, at);
 	/* Tokens above the new burst are dropped by taking them. */
 	uint64_t dropped = tb__drop(tb, &v, at, burst);
 	/* Capped release: ceil - tail stays burst minus what is in flight. */
@@ -234,7 +257,9 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 	if (tb == NULL)
 		return -EINVAL;
 	now = tb__time(now);
-	pthread_mutex_lock(&tb->writer);
+	int err = tb__writer_lock(tb);
+	if (err)
+		return err;
 	uint64_t burst = atomic_load(&tb->burst); /* stable: set_burst needs the lock */
 	if (tokens > burst) {
 		pthread_mutex_unlock(&tb->writer);

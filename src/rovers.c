@@ -25,8 +25,15 @@ void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
 	atomic_store_explicit(&s->hoff, n->hoff, memory_order_relaxed);
 	atomic_store_explicit(&s->limit, n->limit, memory_order_relaxed);
 	atomic_store_explicit(&s->kind, n->kind, memory_order_relaxed);
-	atomic_store(&tb->gen, next);
+	/*
+	 * The kind mirror goes first, while gen is still odd (a rate change or
+	 * reset froze the regime): a writer killed between the two stores
+	 * leaves gen odd, which the next call repairs (tb__writer_help).  In
+	 * the other order a dead writer could leave a finite regime in force
+	 * with the mirror still saying unlimited, and nothing would notice.
+	 */
 	atomic_store_explicit(&tb->kind, n->kind, memory_order_relaxed);
+	atomic_store(&tb->gen, next);
 }
 
 /* The first caller that passes a time fixes the origin of regime 0. */
@@ -86,6 +93,14 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 {
 	struct tb__view v;
 	tb__view(tb, &v);
+	if (v.origin == TB__NO_TIME && at != TB__NO_TIME && !(v.gen & 1)) {
+		/*
+		 * The caller that saw the first time has not fixed the origin:
+		 * in a shared bucket it may be a process that was killed.
+		 */
+		fix_origin(tb, at);
+		return;
+	}
 	if ((v.gen & 1) || at == TB__NO_TIME || v.origin == TB__NO_TIME || !tb__past_horizon(&v, at))
 		return;
 	uint64_t burst = atomic_load(&tb->burst), lost = 0;
@@ -134,7 +149,9 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 
 void tb__normalize(struct tokenbucket *tb, int64_t at)
 {
-	pthread_mutex_lock(&tb->writer);
+	/* Fails only on a mutex made unrecoverable behind the library's back. */
+	if (tb__writer_lock(tb))
+		return;
 	tb__normalize_locked(tb, at);
 	pthread_mutex_unlock(&tb->writer);
 }
@@ -175,6 +192,9 @@ void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int
 {
 	for (;;) {
 		tb__view(tb, v);
+		/* A frozen regime whose writer died produces nothing until repaired. */
+		if (v->gen & 1)
+			tb__writer_help(tb);
 		*at = tb__observe(tb, now);
 		/*
 		 * The first time seen fixes the origin of regime 0 (or is being

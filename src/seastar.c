@@ -176,8 +176,9 @@ int tokenbucket_set_threshold(struct tokenbucket *tb, uint64_t threshold)
 {
 	if (tb == NULL || threshold == 0)
 		return -EINVAL;
-	int err = 0;
-	pthread_mutex_lock(&tb->writer);
+	int err = tb__writer_lock(tb);
+	if (err)
+		return err;
 	if (threshold > atomic_load_explicit(&tb->burst, memory_order_relaxed))
 		err = -EINVAL;
 	else

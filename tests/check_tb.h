@@ -56,5 +56,6 @@ Suite *concurrency_suite(void);
 Suite *wait_suite(void);
 Suite *badinput_suite(void);
 Suite *stress_suite(void);
+Suite *shared_suite(void);
 
 #endif
