@@ -459,16 +459,10 @@ static inline __attribute__((always_inline)) bool
 tb__fast_valid(const struct tokenbucket *tb, const struct tb__view *f, int64_t t)
 {
 	atomic_thread_fence(memory_order_acquire);
-	return atomic_load(&tb->gen) == f->gen && t < f->limit;
-}
-
-/* tb__fast_valid for a call that reads the clock without passing a time: none seen yet is fine. */
-static inline __attribute__((always_inline)) bool
-tb__fast_valid_clock(const struct tokenbucket *tb, const struct tb__view *f, int64_t t)
-{
-	atomic_thread_fence(memory_order_acquire);
+	/* No time seen yet (grab, deficiency): nothing is produced, the view holds. */
 	return atomic_load(&tb->gen) == f->gen && (t < f->limit || t == TB__NO_TIME);
 }
+
 
 /* Records now in the clock, the usual way only: false sends the caller to the general path. */
 static inline __attribute__((always_inline)) bool tb__fast_observe(struct tokenbucket *tb,

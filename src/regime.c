@@ -238,11 +238,10 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 	if (tb__unlimited(tb))
 		tb__fill(tb, &v, at);
 	/* Tokens above the new burst are dropped by taking them. */
-	uint64_t dropped = tb__drop(tb, &v, at, burst);
+	tb__drop(tb, &v, at, burst);
 	/* Capped release: ceil - tail stays burst minus what is in flight. */
 	if (tb__capped(tb))
 		atomic_fetch_add(&tb->ceil, burst - old);
-	(void)dropped;
 	pthread_mutex_unlock(&tb->writer);
 	return 0;
 }

@@ -20,19 +20,11 @@ static uint64_t grab_slow(struct tokenbucket *tb, uint64_t n)
 	int64_t at = tb__view_at_clock(tb, &v);
 	for (;;) {
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+		/* The most a grab may take keeps the debt within DEBT_MAX. */
 		int64_t level;
-		uint64_t base, take = n;
-		/*
-		 * The most a grab may take keeps the debt within DEBT_MAX; the
-		 * level is at least e, so n <= e + DEBT_MAX fits with no division.
-		 */
-		int64_t e = tb__level(head + v.hoff, tail);
-		if (!tb__take_fast(&v, head, tail, burst, at, 0, &base) || base != tail ||
-		    (tb__i128)n > (tb__i128)e + (tb__i128)TOKENBUCKET_DEBT_MAX) {
-			base = tb__take_base(&v, head, tail, burst, at, &level);
-			int64_t most = level + (int64_t)TOKENBUCKET_DEBT_MAX;
-			take = most <= 0 ? 0 : n < (uint64_t)most ? n : (uint64_t)most;
-		}
+		uint64_t base = tb__take_base(&v, head, tail, burst, at, &level);
+		int64_t most = level + (int64_t)TOKENBUCKET_DEBT_MAX;
+		uint64_t take = most <= 0 ? 0 : n < (uint64_t)most ? n : (uint64_t)most;
 		if (atomic_compare_exchange_weak(&tb->tail, &tail, base + take))
 			return base + take;
 	}
@@ -50,7 +42,7 @@ uint64_t tokenbucket_grab(struct tokenbucket *tb, uint64_t n)
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 	int64_t at = atomic_load(&tb->clock);
-	if (!tb__fast_valid_clock(tb, &f, at))
+	if (!tb__fast_valid(tb, &f, at))
 		goto slow;
 	int64_t e = tb__level(head + f.hoff, tail);
 	if (e > (int64_t)burst || (tb__i128)n > (tb__i128)e + (tb__i128)TOKENBUCKET_DEBT_MAX ||
