@@ -132,6 +132,14 @@ START_TEST(test_granted_bound)
 	double least = 0.5 * 2000.0 * (double)elapsed / 1e9;
 	if (least > 0.5 * (double)sums[1])
 		least = 0.5 * (double)sums[1];
+	/*
+	 * Under a sanitizer or memcheck (CK_TIMEOUT_MULTIPLIER set by
+	 * .ci/sanitize) the clients stall and call in bunches, so tokens
+	 * overflow the burst between them: the floor shrinks by that factor.
+	 */
+	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
+	if (mult != NULL && atof(mult) > 1)
+		least /= atof(mult);
 	ck_assert_msg(sums[0] >= least, "granted only %ld of %ld calls", sums[0], sums[1]);
 }
 END_TEST
