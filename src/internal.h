@@ -352,15 +352,25 @@ slow:
 	tb__enter_slow(tb, now, v, at, drop);
 }
 
-/* The view at the clock, normalized first if the clock passed its horizon; returns the clock. */
+/*
+ * The view at the clock, normalized first if the clock passed its horizon;
+ * returns the clock.  With capped release it also loses what ceil holds
+ * back at the clock: the clock's mover does that only after its clock CAS,
+ * and production above ceil read in between would look like tokens above
+ * burst (a grab would drop them with ceil left behind, a give-back would
+ * find no room), shrinking the bucket's room for good.
+ */
 static inline __attribute__((always_inline)) int64_t tb__view_at_clock(struct tokenbucket *tb,
 									struct tb__view *v)
 {
 	for (;;) {
 		tb__view(tb, v);
 		int64_t at = atomic_load(&tb->clock);
-		if (__builtin_expect(at == TB__NO_TIME || !tb__past_horizon(v, at), 1))
+		if (__builtin_expect(at == TB__NO_TIME || !tb__past_horizon(v, at), 1)) {
+			if (tb__capped(tb))
+				tb__cap_to_ceil(tb, v, at);
 			return at;
+		}
 		tb__normalize(tb, at);
 	}
 }

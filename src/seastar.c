@@ -71,6 +71,12 @@ static uint64_t deficiency_slow(const struct tokenbucket *tb, uint64_t ticket)
 		tb__view(tb, &v);
 		int64_t at = atomic_load(&tb->clock);
 		level = tb__capped_level(tb__raw_level(&v, head, tail, at), burst);
+		/* Production above ceil not lost yet (a clock mover between its two steps) covers nothing. */
+		if (tb__capped(tb)) {
+			int64_t room = tb__level(atomic_load(&tb->ceil), tail);
+			if (room < level)
+				level = room;
+		}
 		uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
 		if (again == tail)
 			break;

@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* The Seastar face: tickets, explicit replenishment, threshold, capped release. */
 #include "check_tb.h"
+/* The clock word, to stop a replenisher between its two steps. */
+#include "../src/internal.h"
 
 START_TEST(grab_returns_the_tail)
 {
@@ -133,6 +135,39 @@ START_TEST(capped_release_feeds_the_bucket)
 }
 END_TEST
 
+/*
+ * A replenisher first moves the clock, then loses the production that ceil
+ * holds back.  A grab or a deficiency between the two must not count that
+ * production: as tokens above burst it would be dropped with ceil left
+ * behind, and the bucket would lose its room for good.
+ */
+START_TEST(capped_between_clock_and_cap)
+{
+	struct tokenbucket *tb = bucket_every(1, MS, 4, TOKENBUCKET_CAPPED_RELEASE);
+	tokenbucket_replenish(tb, 0);
+	uint64_t a = tokenbucket_grab(tb, 4);
+	uint64_t b = tokenbucket_grab(tb, 2); /* in debt: nothing released */
+	atomic_store(&tb->clock, 100 * MS);   /* the first step only */
+	ck_assert_uint_eq(tokenbucket_deficiency(tb, b), 2);
+	ck_assert_int_eq(tokenbucket_release(tb, 4), 0);
+	uint64_t c = tokenbucket_grab(tb, 1);
+	ck_assert_uint_eq(c - b, 1); /* nothing dropped */
+	ck_assert_uint_eq(tokenbucket_deficiency(tb, a), 0);
+	ck_assert_uint_eq(tokenbucket_deficiency(tb, c), 0);
+	ck_assert_int_eq(tokenbucket_release(tb, 3), 0);
+	/* Everything is back: the bucket fills to burst again. */
+	tokenbucket_replenish(tb, 200 * MS);
+	ck_assert_tokens(tokenbucket_tokens_at(tb, 200 * MS), 4);
+	/* A refund in the same window finds the room that ceil leaves. */
+	uint64_t d = tokenbucket_grab(tb, 4);
+	atomic_store(&tb->clock, 300 * MS);
+	tokenbucket_refund(tb, 4);
+	ck_assert_uint_eq(tokenbucket_grab(tb, 4) - d, 4);
+	ck_assert_uint_eq(tokenbucket_deficiency(tb, d + 4), 0);
+	tokenbucket_free(tb);
+}
+END_TEST
+
 START_TEST(capped_refund_is_no_longer_in_flight)
 {
 	struct tokenbucket *tb = bucket_every(1, MS, 4, TOKENBUCKET_CAPPED_RELEASE);
@@ -223,6 +258,7 @@ Suite *seastar_suite(void)
 	tc = tcase_create("capped-release");
 	tcase_add_test(tc, capped_release_feeds_the_bucket);
 	tcase_add_test(tc, capped_refund_is_no_longer_in_flight);
+	tcase_add_test(tc, capped_between_clock_and_cap);
 	tcase_add_test(tc, reset_sets_capped_room);
 	suite_add_tcase(s, tc);
 	return s;
