@@ -412,9 +412,12 @@ struct tokenbucket_table;
 /* The most slots a table may have. */
 #define TOKENBUCKET_TABLE_CAPACITY_MAX (UINT64_C(1) << 32)
 /* The alignment, in bytes, of a table's memory. */
-#define TOKENBUCKET_TABLE_ALIGN 64
+#define TOKENBUCKET_TABLE_ALIGN 128
 
-/* Bytes a table of capacity slots needs: 192 + 32 * capacity rounded up to even; 0 if capacity is 0 or above the maximum. */
+/*
+ * Bytes a table of capacity slots needs: 256 + 32 * capacity rounded up to
+ * a multiple of 4; 0 if capacity is 0 or above the maximum.
+ */
 TOKENBUCKET_API size_t tokenbucket_table_size(uint64_t capacity);
 /*
  * Creates a table of capacity slots whose buckets produce tokens every

@@ -102,7 +102,7 @@ static inline uint64_t fp_for(uint64_t fp, uint64_t st)
 /* Everything a call on one key works with. */
 struct tbt_call {
 	uint64_t fp;             /* the key's fingerprint, tag bits clear */
-	struct tbt_slot *c[4];   /* its candidate slots: line a, then line b */
+	struct tbt_slot *c[TBT_CANDIDATES]; /* its candidate slots: bucket a, then bucket b */
 	int nc;
 	int64_t at;              /* the table's time of the call (origin applied) */
 	int64_t origin;
@@ -205,13 +205,14 @@ static inline void call_init(struct tokenbucket_table *t, int64_t now, const voi
 {
 	uint64_t h = tb__siphash13(t->k0, t->k1, key, len);
 	uint64_t a, b;
-	tbt_lines_of(h, t->lines, &a, &b);
+	tbt_buckets_of(h, t->lines / 2, &a, &b);
 	c->fp = tbt_fingerprint(h);
-	c->c[0] = &t->line[a].slot[0];
-	c->c[1] = &t->line[a].slot[1];
-	c->c[2] = &t->line[b].slot[0];
-	c->c[3] = &t->line[b].slot[1];
-	c->nc = a == b ? 2 : 4;
+	struct tbt_slot *sa = &t->line[2 * a].slot[0], *sb = &t->line[2 * b].slot[0];
+	for (int i = 0; i < TBT_BUCKET_SLOTS; i++) {
+		c->c[i] = sa + i;
+		c->c[TBT_BUCKET_SLOTS + i] = sb + i;
+	}
+	c->nc = a == b ? TBT_BUCKET_SLOTS : TBT_CANDIDATES;
 	c->origin = table_time(t, now, &c->at);
 }
 
@@ -243,12 +244,17 @@ static void void_claim(struct tbt_slot *s, uint64_t claimed)
 }
 
 /* What a slot is worth to a new key. */
+/*
+ * What a slot is worth to a new key, best first: an empty slot, in the
+ * emptier bucket first (two choices balance only so); then one whose key
+ * is full (reused without loss); then one whose key is not
+ * (TOKENBUCKET_TABLE_EVICT only); claimed slots are worth nothing.
+ */
 enum tbt_worth {
-	TBT_FREE_LINE, /* empty, and so is the other slot of its line */
-	TBT_FREE,     /* empty */
-	TBT_LOSSLESS, /* its key is full: reused without loss */
-	TBT_LOSSY,    /* its key is not full: only TOKENBUCKET_TABLE_EVICT takes it */
-	TBT_BUSY,     /* claimed by another caller */
+	TBT_FREE = 0, /* + the slots of its bucket in use, 0 to 3 */
+	TBT_LOSSLESS = TBT_BUCKET_SLOTS,
+	TBT_LOSSY,
+	TBT_BUSY,
 };
 
 /*
@@ -299,10 +305,12 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		enum tbt_worth worth = TBT_BUSY;
 		uint64_t best_st = 0, best_fp = 0, busy_st = 0;
 		bool pending = false;
-		uint64_t sts[4], fps[4];
+		uint64_t sts[TBT_CANDIDATES], fps[TBT_CANDIDATES];
+		int in_use[2] = {0, 0};
 		for (int i = 0; i < c->nc; i++) {
 			sts[i] = atomic_load(&c->c[i]->state);
 			fps[i] = atomic_load(&c->c[i]->fp);
+			in_use[i / TBT_BUCKET_SLOTS] += !st_empty(sts[i]) || st_claimed(sts[i]);
 		}
 		for (int i = 0; i < c->nc; i++) {
 			struct tbt_slot *s = c->c[i];
@@ -315,9 +323,7 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 				continue;
 			}
 			if (st_empty(st)) {
-				/* Two choices balance only if the emptier line is preferred. */
-				uint64_t mate = sts[i ^ 1];
-				w = st_empty(mate) && !st_claimed(mate) ? TBT_FREE_LINE : TBT_FREE;
+				w = (enum tbt_worth)(TBT_FREE + in_use[i / TBT_BUCKET_SLOTS]);
 			} else if (f == fp_for(c->fp, st)) {
 				*state = st; /* someone else inserted it */
 				return s;
@@ -361,7 +367,7 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		uint64_t claimed = st_next(best_st, st_empty(best_st), st_tail(best_st));
 		if (!atomic_compare_exchange_strong(&s->state, &best_st, claimed))
 			continue;
-		if (worth > TBT_FREE) {
+		if (worth >= TBT_LOSSLESS) {
 			atomic_fetch_sub_explicit(&k->in_use, 1, memory_order_relaxed);
 			atomic_fetch_add_explicit(worth == TBT_LOSSLESS ? &k->lossless : &k->lossy, 1,
 						  memory_order_relaxed);
@@ -746,7 +752,7 @@ size_t tokenbucket_table_size(uint64_t capacity)
 {
 	if (capacity == 0 || capacity > TOKENBUCKET_TABLE_CAPACITY_MAX)
 		return 0;
-	return offsetof(struct tbt_mem, line) + (size_t)((capacity + 1) / 2) * sizeof(struct tbt_line);
+	return offsetof(struct tbt_mem, line) + (size_t)tbt_lines(capacity) * sizeof(struct tbt_line);
 }
 
 /* The table's configuration, checked. */
@@ -807,7 +813,7 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 	int err = secret(key);
 	if (err)
 		return err;
-	uint64_t lines = (k->capacity + 1) / 2;
+	uint64_t lines = tbt_lines(k->capacity);
 	atomic_store_explicit(&m->header.h.ready, 0, memory_order_relaxed);
 	memset(&m->counters, 0, sizeof(m->counters));
 	for (uint64_t i = 0; i < lines; i++) {
@@ -855,7 +861,7 @@ static int table_check(const struct tbt_mem *m, size_t size)
 	if (atomic_load_explicit(&h->ready, memory_order_acquire) != TBT_READY)
 		return -EAGAIN;
 	if (h->capacity == 0 || h->capacity > TOKENBUCKET_TABLE_CAPACITY_MAX ||
-	    h->lines != (h->capacity + 1) / 2 || size < tokenbucket_table_size(h->capacity) ||
+	    h->lines != tbt_lines(h->capacity) || size < tokenbucket_table_size(h->capacity) ||
 	    h->burst > TOKENBUCKET_TABLE_BURST_MAX ||
 	    (h->flags & ~(TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT)) ||
 	    h->flags == (TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT) || h->q == 0 ||

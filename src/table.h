@@ -5,8 +5,9 @@
  * what each word promises.
  *
  * Memory: a header (128 bytes), a counters line, then `lines` cache lines of
- * two 32-byte slots.  A key hashes (SipHash-1-3, the table's secret) to a
- * 56-bit fingerprint and two lines; it lives in one of their four slots.
+ * two 32-byte slots, paired into buckets of four slots (128 bytes, aligned).
+ * A key hashes (SipHash-1-3, the table's secret) to a 56-bit fingerprint
+ * and two buckets; it lives in one of their eight slots.
  * Every word is an 8-byte atomic holding no pointer, so a table works in
  * memory shared between processes at any address.
  */
@@ -38,6 +39,10 @@
 /* The fingerprint word: [fingerprint:56 | version of the claim that wrote it:8]. */
 #define TBT_TAG_MASK UINT64_C(0xff)
 
+/* Slots a key may live in: two buckets of TBT_BUCKET_SLOTS (two lines each). */
+#define TBT_BUCKET_SLOTS 4
+#define TBT_CANDIDATES (2 * TBT_BUCKET_SLOTS)
+
 struct tbt_slot {
 	_Atomic uint64_t fp;      /* fingerprint and claim tag; meaningful while state is even, not empty */
 	_Atomic uint64_t state;   /* version, empty, tail */
@@ -49,6 +54,12 @@ struct tbt_line {
 	alignas(64) struct tbt_slot slot[2];
 };
 
+/* Lines a table of capacity slots has: whole buckets. */
+static inline uint64_t tbt_lines(uint64_t capacity)
+{
+	return (capacity + TBT_BUCKET_SLOTS - 1) / TBT_BUCKET_SLOTS * 2;
+}
+
 struct tbt_header {
 	uint64_t magic;
 	_Atomic uint32_t ready;    /* TBT_READY once everything behind it is initialised */
@@ -58,7 +69,7 @@ struct tbt_header {
 	uint32_t line_size;        /* sizeof(struct tbt_line) */
 	uint32_t flags;            /* the policy flags */
 	uint64_t lines;            /* lines of slots behind the counters */
-	uint64_t capacity;         /* slots asked for (lines * 2 is capacity rounded up to even) */
+	uint64_t capacity;         /* slots asked for (lines * 2 is capacity rounded up to 4) */
 	uint64_t p, q;             /* p tokens every q ns, lowest terms; 0/1 for rate 0 */
 	uint64_t burst;
 	uint64_t k0, k1;           /* the SipHash secret, from getrandom(2) */
@@ -67,7 +78,7 @@ struct tbt_header {
 
 /* Statistics, written on the insert paths only (never by a warm take). */
 struct tbt_counters {
-	alignas(64) _Atomic uint64_t in_use;
+	alignas(128) _Atomic uint64_t in_use;
 	_Atomic uint64_t lossless;
 	_Atomic uint64_t lossy;
 	_Atomic uint64_t refused;
@@ -76,7 +87,7 @@ struct tbt_counters {
 struct tbt_mem {
 	union {
 		struct tbt_header h;
-		alignas(64) unsigned char pad[128];
+		alignas(128) unsigned char pad[128];
 	} header;
 	struct tbt_counters counters;
 	struct tbt_line line[];
@@ -89,21 +100,21 @@ _Static_assert(sizeof(struct tbt_line) == 64, "a line is one cache line");
 uint64_t tb__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len);
 
 /*
- * The two lines of a hash among `lines` (at most 2^31): bits independent of
- * the fingerprint's choose them (a bijective mix of all 64), and the second
- * differs from the first whenever there are two lines.
+ * The two buckets of a hash among `buckets` (at most 2^30): bits independent
+ * of the fingerprint's choose them (a bijective mix of all 64), and the
+ * second differs from the first whenever there are two buckets.
  */
-static inline void tbt_lines_of(uint64_t h, uint64_t lines, uint64_t *a, uint64_t *b)
+static inline void tbt_buckets_of(uint64_t h, uint64_t buckets, uint64_t *a, uint64_t *b)
 {
 	uint64_t m = h ^ (h >> 33);
 	m *= UINT64_C(0xff51afd7ed558ccd);
 	m ^= m >> 33;
 	m *= UINT64_C(0xc4ceb9fe1a85ec53);
 	m ^= m >> 33;
-	*a = ((m >> 32) * lines) >> 32;
-	*b = ((m & 0xffffffff) * lines) >> 32;
-	if (*b == *a && lines > 1)
-		*b = *a + 1 == lines ? 0 : *a + 1;
+	*a = ((m >> 32) * buckets) >> 32;
+	*b = ((m & 0xffffffff) * buckets) >> 32;
+	if (*b == *a && buckets > 1)
+		*b = *a + 1 == buckets ? 0 : *a + 1;
 }
 
 /* The fingerprint a hash gives (the tag bits clear). */

@@ -222,10 +222,12 @@ END_TEST
 START_TEST(reuse_is_lossless)
 {
 	/* A key whose bucket refilled gives its slot up; coming back it is a new full bucket. */
-	struct tokenbucket_table *t = table_every(1, MS, 3, 2, 0);
+	struct tokenbucket_table *t = table_every(1, MS, 3, 4, 0);
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "a", 1, 3));
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "b", 1, 3));
-	/* Both slots hold empty buckets: a third key is refused (fail closed). */
+	ck_assert(tokenbucket_table_allow_at(t, SEC + MS, "d", 1, 3));
+	ck_assert(tokenbucket_table_allow_at(t, SEC + MS, "e", 1, 3));
+	/* All four slots hold empty buckets: a fifth key is refused (fail closed). */
 	struct tokenbucket_result r;
 	ck_assert_int_eq(tokenbucket_table_allow_result_at(t, SEC, "c", 1, 1, &r), 0);
 	ck_assert(!r.allowed);
@@ -235,14 +237,15 @@ START_TEST(reuse_is_lossless)
 	ck_assert(tokenbucket_table_allow_at(t, SEC + 3 * MS, "c", 1, 2));
 	struct tokenbucket_table_stats s;
 	ck_assert_int_eq(tokenbucket_table_stats(t, &s), 0);
-	ck_assert_uint_eq(s.capacity, 2);
-	ck_assert_uint_eq(s.in_use, 2);
+	ck_assert_uint_eq(s.capacity, 4);
+	ck_assert_uint_eq(s.in_use, 4);
 	ck_assert_uint_eq(s.lossless, 1);
 	ck_assert_uint_eq(s.lossy, 0);
 	ck_assert_uint_eq(s.refused, 1);
 	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC + 3 * MS, "c", 1), 1);
 	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC + 3 * MS, "a", 1), 3);
 	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC + 3 * MS, "b", 1), 3);
+	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC + 3 * MS, "d", 1), 2);
 	tokenbucket_table_free(t);
 }
 END_TEST
@@ -251,7 +254,10 @@ START_TEST(policies)
 {
 	/* Fail open: allowed without a bucket, nothing recorded. */
 	struct tokenbucket_table *t = table_every(1, SEC, 2, 1, TOKENBUCKET_TABLE_FAIL_OPEN);
-	ck_assert(tokenbucket_table_allow_at(t, SEC, "z", 1, 2)); /* capacity 1 is 2 slots */
+	/* Capacity 1 is one bucket of 4 slots. */
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "w", 1, 2));
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "y", 1, 2));
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "z", 1, 2));
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "a", 1, 2));
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "a", 1, 0));
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "a", 1, 0));
@@ -267,20 +273,24 @@ START_TEST(policies)
 	/* Fail closed: -EBUSY from reserve. */
 	t = table_every(1, SEC, 2, 1, 0);
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "a", 1, 1));
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "w", 1, 1));
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "y", 1, 1));
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "z", 1, 1));
 	ck_assert_int_eq(tokenbucket_table_reserve_at(t, SEC, "b", 1, 1, 0, &res), -EBUSY);
 	tokenbucket_table_free(t);
 	/* Evict: the fullest of the candidates goes; the over-grant is its missing tokens. */
-	t = table_every(1, SEC, 4, 2, TOKENBUCKET_TABLE_EVICT);
+	t = table_every(1, SEC, 4, 4, TOKENBUCKET_TABLE_EVICT);
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "a", 1, 3)); /* level 1 */
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "b", 1, 1)); /* level 3: fullest */
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "w", 1, 2));
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "y", 1, 2));
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "c", 1, 4));
 	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC, "a", 1), 1);
 	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC, "b", 1), 4); /* evicted: new */
 	struct tokenbucket_table_stats s;
 	ck_assert_int_eq(tokenbucket_table_stats(t, &s), 0);
 	ck_assert_uint_eq(s.lossy, 1);
-	ck_assert_uint_eq(s.in_use, 2);
+	ck_assert_uint_eq(s.in_use, 4);
 	tokenbucket_table_free(t);
 }
 END_TEST
@@ -373,32 +383,40 @@ static void model_take(struct model *m, const void *key, size_t len, int64_t at,
 		       bool evict)
 {
 	uint64_t h = tb__siphash13(m->k0, m->k1, key, len), a, b;
-	tbt_lines_of(h, m->lines, &a, &b);
-	uint64_t c[4] = {2 * a, 2 * a + 1, 2 * b, 2 * b + 1};
-	int nc = a == b ? 2 : 4;
+	tbt_buckets_of(h, m->lines / 2, &a, &b);
+	uint64_t c[TBT_CANDIDATES];
+	for (int i = 0; i < TBT_BUCKET_SLOTS; i++) {
+		c[i] = a * TBT_BUCKET_SLOTS + (uint64_t)i;
+		c[TBT_BUCKET_SLOTS + i] = b * TBT_BUCKET_SLOTS + (uint64_t)i;
+	}
+	int nc = a == b ? TBT_BUCKET_SLOTS : TBT_CANDIDATES;
+	int used[2] = {0, 0};
+	for (int i = 0; i < nc; i++)
+		used[i / TBT_BUCKET_SLOTS] += m->used[c[i]];
 	uint64_t fp = tbt_fingerprint(h), P = model_p(m, at);
-	int slot = -1, best = -1, worth = 9;
+	int slot = -1, best = -1, worth = 99;
 	for (int i = 0; i < nc; i++) {
 		uint64_t s = c[i];
 		if (m->used[s] && m->fp[s] == fp) {
 			slot = (int)s;
 			break;
 		}
-		int w = !m->used[s] ? (m->used[s ^ 1] ? 1 : 0) : P >= m->tail[s] ? 2 : 3;
+		/* Free slots in the emptier bucket first, then full keys, then the fullest. */
+		int w = !m->used[s] ? used[i / TBT_BUCKET_SLOTS] : P >= m->tail[s] ? 4 : 5;
 		if (best < 0 || w < worth || (w == worth && m->tail[s] < m->tail[best])) {
 			best = (int)s;
 			worth = w;
 		}
 	}
 	if (slot < 0) {
-		if (worth == 3 && !evict) {
+		if (worth == 5 && !evict) {
 			m->refused++;
 			return;
 		}
 		slot = best;
-		if (worth <= 1)
+		if (worth < 4)
 			m->in_use++;
-		else if (worth == 2)
+		else if (worth == 4)
 			m->lossless++;
 		else
 			m->lossy++;
@@ -488,7 +506,7 @@ END_TEST
 
 /* ---- Flooding --------------------------------------------------------------- */
 
-enum { FLOOD_LINES = 256, FLOOD_KEYS = 200 };
+enum { FLOOD_BUCKETS = 128, FLOOD_KEYS = 200 };
 
 /* Inserts the keys (one token each of burst 10, nothing refills); returns refusals. */
 static uint64_t flood(struct tokenbucket_table *t, const uint64_t *keys, int count,
@@ -500,20 +518,23 @@ static uint64_t flood(struct tokenbucket_table *t, const uint64_t *keys, int cou
 	ck_assert_int_eq(tokenbucket_table_stats(t, &s), 0);
 	ck_assert_uint_eq(s.in_use + s.refused, (uint64_t)count);
 	*lines_used = 0;
-	for (int i = 0; i < FLOOD_LINES; i++)
-		*lines_used += !(atomic_load(&mem->line[i].slot[0].state) & TBT_EMPTY) ||
-			       !(atomic_load(&mem->line[i].slot[1].state) & TBT_EMPTY);
+	for (int i = 0; i < FLOOD_BUCKETS; i++) {
+		bool used = false;
+		for (int j = 0; j < TBT_BUCKET_SLOTS; j++)
+			used |= !(atomic_load(&mem->line[2 * i + j / 2].slot[j % 2].state) & TBT_EMPTY);
+		*lines_used += used;
+	}
 	return s.refused;
 }
 
 START_TEST(flood_costs_no_more)
 {
-	/* Keys whose unkeyed hash (secret zero) chooses lines 0 and 1 only. */
+	/* Keys whose unkeyed hash (secret zero) chooses buckets 0 and 1 only. */
 	uint64_t keys[FLOOD_KEYS], randoms[FLOOD_KEYS];
 	int found = 0;
 	for (uint64_t k = 0; found < FLOOD_KEYS; k++) {
 		uint64_t a, b;
-		tbt_lines_of(tb__siphash13(0, 0, &k, sizeof(k)), FLOOD_LINES, &a, &b);
+		tbt_buckets_of(tb__siphash13(0, 0, &k, sizeof(k)), FLOOD_BUCKETS, &a, &b);
 		if (a < 2 && b < 2)
 			keys[found++] = k;
 	}
@@ -523,27 +544,27 @@ START_TEST(flood_costs_no_more)
 	struct tokenbucket_table *t;
 	size_t size;
 	/* The same table with the secret zeroed: the flood lands where aimed. */
-	struct tbt_mem *mem = placed(0, 1, 10, 2 * FLOOD_LINES, 0, &t, &size);
+	struct tbt_mem *mem = placed(0, 1, 10, TBT_BUCKET_SLOTS * FLOOD_BUCKETS, 0, &t, &size);
 	tokenbucket_table_free(t);
 	mem->header.h.k0 = mem->header.h.k1 = 0;
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&t, mem, size), 0);
 	uint64_t unkeyed = flood(t, keys, FLOOD_KEYS, mem, &used);
 	tokenbucket_table_free(t);
 	free(mem);
-	ck_assert_uint_eq(unkeyed, FLOOD_KEYS - 4);
+	ck_assert_uint_eq(unkeyed, FLOOD_KEYS - 2 * TBT_BUCKET_SLOTS);
 	ck_assert_uint_eq(used, 2);
 	/* With its secret the table spreads them as it spreads random keys. */
-	mem = placed(0, 1, 10, 2 * FLOOD_LINES, 0, &t, NULL);
+	mem = placed(0, 1, 10, TBT_BUCKET_SLOTS * FLOOD_BUCKETS, 0, &t, NULL);
 	uint64_t keyed = flood(t, keys, FLOOD_KEYS, mem, &used_flood);
 	tokenbucket_table_free(t);
 	free(mem);
-	mem = placed(0, 1, 10, 2 * FLOOD_LINES, 0, &t, NULL);
+	mem = placed(0, 1, 10, TBT_BUCKET_SLOTS * FLOOD_BUCKETS, 0, &t, NULL);
 	uint64_t random = flood(t, randoms, FLOOD_KEYS, mem, &used_random);
 	tokenbucket_table_free(t);
 	free(mem);
 	fprintf(stderr,
-		"flood of %d keys aimed at 2 of %d lines: unkeyed %lu refused in %lu lines; keyed %lu refused in %lu lines; random keys %lu refused in %lu lines\n",
-		FLOOD_KEYS, FLOOD_LINES, (unsigned long)unkeyed, (unsigned long)used,
+		"flood of %d keys aimed at 2 of %d buckets: unkeyed %lu refused, %lu buckets used; keyed %lu refused, %lu buckets used; random keys %lu refused, %lu buckets used\n",
+		FLOOD_KEYS, FLOOD_BUCKETS, (unsigned long)unkeyed, (unsigned long)used,
 		(unsigned long)keyed, (unsigned long)used_flood, (unsigned long)random,
 		(unsigned long)used_random);
 	ck_assert_uint_le(keyed, random + 2);
@@ -574,8 +595,10 @@ START_TEST(bad_input)
 	ck_assert_ptr_null(t);
 	ck_assert_uint_eq(tokenbucket_table_size(0), 0);
 	ck_assert_uint_eq(tokenbucket_table_size(UINT64_MAX), 0);
-	ck_assert_uint_eq(tokenbucket_table_size(1), 192 + 64);
-	ck_assert_uint_eq(tokenbucket_table_size(100000), 192 + 32 * 100000);
+	ck_assert_uint_eq(tokenbucket_table_size(1), 256 + 128);
+	ck_assert_uint_eq(tokenbucket_table_size(4), 256 + 128);
+	ck_assert_uint_eq(tokenbucket_table_size(5), 256 + 256);
+	ck_assert_uint_eq(tokenbucket_table_size(100000), 256 + 32 * 100000);
 	/* 16 tokens per ns is the fastest rate a table takes. */
 	ck_assert_int_eq(tokenbucket_table_create(&t, 16, 1, 1, 1, 0), 0);
 	tokenbucket_table_free(t);
@@ -626,7 +649,7 @@ END_TEST
 START_TEST(placed_and_corrupt)
 {
 	size_t size = tokenbucket_table_size(64);
-	unsigned char *mem = aligned_alloc(64, size + 64);
+	unsigned char *mem = aligned_alloc(TOKENBUCKET_TABLE_ALIGN, size + TOKENBUCKET_TABLE_ALIGN);
 	struct tokenbucket_table *t = NULL, *u = NULL;
 	ck_assert_int_eq(tokenbucket_table_init_shared(&t, mem + 8, size, 1, MS, 4, 64, 0), -EINVAL);
 	ck_assert_int_eq(tokenbucket_table_init_shared(&t, mem, size - 1, 1, MS, 4, 64, 0), -EINVAL);
