@@ -236,11 +236,19 @@ static inline struct tbt_slot *find(const struct tbt_call *c, uint64_t *state)
 	return NULL;
 }
 
-/* Ends a claim without a key: the slot is empty (and full, whatever its tail). */
-static void void_claim(struct tbt_slot *s, uint64_t claimed)
+/*
+ * Ends a claim without a key: the slot is empty (and full, whatever its
+ * tail).  A claim keeps the emptiness of the slot it took: if the slot held
+ * a key, that key is gone, and the keys in use are one fewer.
+ */
+static bool void_claim(struct tbt_counters *k, struct tbt_slot *s, uint64_t claimed)
 {
-	atomic_compare_exchange_strong(&s->state, &claimed,
-				       st_next(claimed, true, st_tail(claimed)));
+	if (!atomic_compare_exchange_strong(&s->state, &claimed,
+					    st_next(claimed, true, st_tail(claimed))))
+		return false;
+	if (!st_empty(claimed))
+		atomic_fetch_sub_explicit(&k->in_use, 1, memory_order_relaxed);
+	return true;
 }
 
 /* What a slot is worth to a new key. */
@@ -264,7 +272,7 @@ enum tbt_worth {
  * Another's claim for the key is voided; a confirmed slot for it means we
  * give way.  Returns true if we may confirm.
  */
-static bool rescan(const struct tbt_call *c, int mine)
+static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
 {
 	for (int j = 0; j < c->nc; j++) {
 		if (j == mine)
@@ -282,8 +290,7 @@ static bool rescan(const struct tbt_call *c, int mine)
 			}
 			if ((f & TBT_TAG_MASK) != st_ver(st))
 				break; /* a claim for another key, its fingerprint not written yet */
-			if (atomic_compare_exchange_strong(&s->state, &st,
-							   st_next(st, true, st_tail(st))))
+			if (void_claim(k, s, st))
 				break;
 		}
 	}
@@ -356,7 +363,7 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 				 * process's: void it (a live claimer then fails its
 				 * confirm and starts again).
 				 */
-				void_claim(c->c[busy], busy_st);
+				void_claim(k, c->c[busy], busy_st);
 				spins = 0;
 				continue;
 			}
@@ -367,23 +374,22 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		uint64_t claimed = st_next(best_st, st_empty(best_st), st_tail(best_st));
 		if (!atomic_compare_exchange_strong(&s->state, &best_st, claimed))
 			continue;
-		if (worth >= TBT_LOSSLESS) {
-			atomic_fetch_sub_explicit(&k->in_use, 1, memory_order_relaxed);
+		/* One counter per insert: a key replaced leaves the keys in use as they are. */
+		if (worth >= TBT_LOSSLESS)
 			atomic_fetch_add_explicit(worth == TBT_LOSSLESS ? &k->lossless : &k->lossy, 1,
 						  memory_order_relaxed);
-		}
 		/*
 		 * The fingerprint changes only from the value read before the
 		 * claim: a claimer that lost its claim (voided) cannot write over
 		 * the next owner's, whose tag differs.
 		 */
 		if (!atomic_compare_exchange_strong(&s->fp, &best_fp, c->fp | st_ver(claimed))) {
-			void_claim(s, claimed);
+			void_claim(k, s, claimed);
 			continue;
 		}
 		atomic_store(&s->clock, c->at);
-		if (!rescan(c, best)) {
-			void_claim(s, claimed);
+		if (!rescan(k, c, best)) {
+			void_claim(k, s, claimed);
 			continue; /* the key was confirmed elsewhere: the next pass finds it */
 		}
 		uint64_t tail = st_tail(claimed);
@@ -392,7 +398,8 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		uint64_t confirmed = st_next(claimed, false, tail);
 		if (!atomic_compare_exchange_strong(&s->state, &claimed, confirmed))
 			continue; /* voided by someone else: start again */
-		atomic_fetch_add_explicit(&k->in_use, 1, memory_order_relaxed);
+		if (st_empty(claimed))
+			atomic_fetch_add_explicit(&k->in_use, 1, memory_order_relaxed);
 		*state = confirmed;
 		return s;
 	}
