@@ -561,14 +561,19 @@ int tokenbucket_table_reserve_at(struct tokenbucket_table *t, int64_t now, const
 again:
 	s = find(&c, &st);
 	if (s == NULL) {
-		if (n == 0) {
+		/* A key with no bucket is full: nothing to take for 0 tokens, no wait. */
+		if (n == 0 && max_wait >= 0) {
 			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
 			return 0;
 		}
+		if (n == 0)
+			return -ETIMEDOUT;
 		s = insert(t, &c, &st);
 		if (s == NULL) {
 			if (!(t->flags & TOKENBUCKET_TABLE_FAIL_OPEN))
 				return -EBUSY;
+			if (max_wait < 0)
+				return -ETIMEDOUT;
 			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
 			return 0;
 		}
