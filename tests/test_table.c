@@ -813,8 +813,9 @@ static void *rate_thread(void *arg)
 		x ^= x << 13;
 		x ^= x >> 7;
 		x ^= x << 17;
-		uint64_t k = x % RATE_KEYS;
-		int64_t now = atomic_fetch_add(&s->clock, 1 * US) + 1 * US;
+		/* 98 calls in 100 on 16 hot keys (far above the rate), 2 on 48 cold ones. */
+		uint64_t k = x % 100 < 50 ? x % 16 : x % 100 < 52 ? 16 + (x >> 8) % 48 : x % 16;
+		int64_t now = atomic_fetch_add(&s->clock, 100) + 100; /* demand 6x the rate */
 		if (tokenbucket_table_allow_at(s->t, now, &k, sizeof(k), 1 + x % 3))
 			atomic_fetch_add(&s->granted[k], 1 + x % 3);
 	}
@@ -834,12 +835,23 @@ START_TEST(threads_within_rate)
 	for (int i = 0; i < THREADS; i++)
 		pthread_join(th[i], NULL);
 	int64_t span = atomic_load(&s->clock) - SEC;
-	/* Callers' times differ by at most THREADS us: a reuse race may cost that much production. */
+	/*
+	 * burst + what the rate made, per key, whatever the threads and the
+	 * hand-overs of slots.  Callers' times are a few us apart at most: a
+	 * reuse race can give a key at most that much production (a token)
+	 * again, and such races are rare; 3 tokens of slack.
+	 */
 	struct tokenbucket_table_stats st;
 	ck_assert_int_eq(tokenbucket_table_stats(s->t, &st), 0);
-	for (int k = 0; k < RATE_KEYS; k++)
-		ck_assert_uint_le(atomic_load(&s->granted[k]),
-				  10 + (uint64_t)(span / (20 * US)) + 1 + st.lossless);
+	int64_t worst = INT64_MIN;
+	for (int k = 0; k < RATE_KEYS; k++) {
+		int64_t excess = (int64_t)atomic_load(&s->granted[k]) - 10 - span / (20 * US);
+		worst = excess > worst ? excess : worst;
+	}
+	fprintf(stderr, "threads on %d keys, 32 slots: %lu hand-overs, worst key %+ld tokens from its bound\n",
+		RATE_KEYS, (unsigned long)st.lossless, (long)worst);
+	ck_assert_uint_gt(st.lossless, 0);
+	ck_assert_int_le(worst, 3);
 	tokenbucket_table_free(s->t);
 	free(s);
 }
