@@ -442,7 +442,6 @@ static void stream_run(unsigned flags, uint64_t keys, uint64_t slots)
 		.burst = 8,
 		.k0 = mem->header.h.k0,
 		.k1 = mem->header.h.k1,
-		.origin = SEC + 500,
 	};
 	m.fp = calloc(m.lines * 2, sizeof(uint64_t));
 	m.tail = calloc(m.lines * 2, sizeof(uint64_t));
@@ -456,7 +455,9 @@ static void stream_run(unsigned flags, uint64_t keys, uint64_t slots)
 		 * Dense phases (the table's worth of keys in 1 ms) refuse or
 		 * evict; sparse ones (in 25 ms) find full keys to replace.
 		 */
-		now += (i / (slots / 2)) % 2 ? 20 : 500;
+		now += ((i / (slots / 2)) % 2 ? 20 : 500) * (int64_t)(100000 / slots);
+		if (i == 0)
+			m.origin = now; /* the table's first call fixes its origin */
 		ck_assert(tokenbucket_table_allow_at(t, now, &key, sizeof(key), n) ||
 			  !(flags & TOKENBUCKET_TABLE_EVICT));
 		model_take(&m, &key, sizeof(key), now, n, flags & TOKENBUCKET_TABLE_EVICT);
