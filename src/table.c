@@ -102,11 +102,17 @@ static inline uint64_t fp_for(uint64_t fp, uint64_t st)
 /* Everything a call on one key works with. */
 struct tbt_call {
 	uint64_t fp;             /* the key's fingerprint, tag bits clear */
-	struct tbt_slot *c[TBT_CANDIDATES]; /* its candidate slots: bucket a, then bucket b */
-	int nc;
+	struct tbt_line *bucket[2]; /* its two buckets' first lines (the same if one bucket) */
+	int nc;                     /* its candidates: the slots of bucket a, then of bucket b */
 	int64_t at;              /* the table's time of the call (origin applied) */
 	int64_t origin;
 };
+
+/* Candidate i of a call: slot i % 4 of bucket i / 4 (two slots in each of its two lines). */
+static inline struct tbt_slot *cand(const struct tbt_call *c, int i)
+{
+	return &c->bucket[i / TBT_BUCKET_SLOTS][(i % TBT_BUCKET_SLOTS) / 2].slot[i % 2];
+}
 
 /* F(t) = (t - origin) * p: production in 1/q tokens. */
 static inline tb__u128 fine(const struct tokenbucket_table *t, int64_t origin, int64_t at)
@@ -207,11 +213,8 @@ static inline void call_init(struct tokenbucket_table *t, int64_t now, const voi
 	uint64_t a, b;
 	tbt_buckets_of(h, t->lines / 2, &a, &b);
 	c->fp = tbt_fingerprint(h);
-	struct tbt_slot *sa = &t->line[2 * a].slot[0], *sb = &t->line[2 * b].slot[0];
-	for (int i = 0; i < TBT_BUCKET_SLOTS; i++) {
-		c->c[i] = sa + i;
-		c->c[TBT_BUCKET_SLOTS + i] = sb + i;
-	}
+	c->bucket[0] = &t->line[2 * a];
+	c->bucket[1] = &t->line[2 * b];
 	c->nc = a == b ? TBT_BUCKET_SLOTS : TBT_CANDIDATES;
 	c->origin = table_time(t, now, &c->at);
 }
@@ -221,10 +224,11 @@ static inline void call_init(struct tokenbucket_table *t, int64_t now, const voi
  * fingerprint read after an even state belongs to it if that state is still
  * there when the caller compares-and-swaps it).  NULL if the key has none.
  */
-static inline struct tbt_slot *find(const struct tbt_call *c, uint64_t *state)
+static inline __attribute__((always_inline)) struct tbt_slot *find(const struct tbt_call *c,
+								   uint64_t *state)
 {
 	for (int i = 0; i < c->nc; i++) {
-		struct tbt_slot *s = c->c[i];
+		struct tbt_slot *s = cand(c, i);
 		uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
 		if (st_claimed(st) || st_empty(st))
 			continue;
@@ -277,7 +281,7 @@ static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
 	for (int j = 0; j < c->nc; j++) {
 		if (j == mine)
 			continue;
-		struct tbt_slot *s = c->c[j];
+		struct tbt_slot *s = cand(c, j);
 		for (;;) {
 			uint64_t st = atomic_load(&s->state);
 			uint64_t f = atomic_load(&s->fp);
@@ -315,12 +319,12 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		uint64_t sts[TBT_CANDIDATES], fps[TBT_CANDIDATES];
 		int in_use[2] = {0, 0};
 		for (int i = 0; i < c->nc; i++) {
-			sts[i] = atomic_load(&c->c[i]->state);
-			fps[i] = atomic_load(&c->c[i]->fp);
+			sts[i] = atomic_load(&cand(c, i)->state);
+			fps[i] = atomic_load(&cand(c, i)->fp);
 			in_use[i / TBT_BUCKET_SLOTS] += !st_empty(sts[i]) || st_claimed(sts[i]);
 		}
 		for (int i = 0; i < c->nc; i++) {
-			struct tbt_slot *s = c->c[i];
+			struct tbt_slot *s = cand(c, i);
 			uint64_t st = sts[i], f = fps[i];
 			enum tbt_worth w;
 			if (st_claimed(st)) {
@@ -363,14 +367,14 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 				 * process's: void it (a live claimer then fails its
 				 * confirm and starts again).
 				 */
-				void_claim(k, c->c[busy], busy_st);
+				void_claim(k, cand(c, busy), busy_st);
 				spins = 0;
 				continue;
 			}
 			atomic_fetch_add_explicit(&k->refused, 1, memory_order_relaxed);
 			return NULL;
 		}
-		struct tbt_slot *s = c->c[best];
+		struct tbt_slot *s = cand(c, best);
 		uint64_t claimed = st_next(best_st, st_empty(best_st), st_tail(best_st));
 		if (!atomic_compare_exchange_strong(&s->state, &best_st, claimed))
 			continue;
@@ -421,8 +425,9 @@ struct tbt_outcome {
  * exact asks for the level after (one division); a plain allow divides
  * only when it drops what lies above burst.  0, or -ERANGE past the horizon.
  */
-static int take(struct tokenbucket_table *t, struct tbt_call *c, uint64_t n, bool exact,
-		struct tbt_outcome *o)
+static inline __attribute__((always_inline)) int take(struct tokenbucket_table *t,
+							      struct tbt_call *c, uint64_t n,
+							      bool exact, struct tbt_outcome *o)
 {
 	uint64_t st;
 	struct tbt_slot *s;
