@@ -290,13 +290,14 @@ static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
 		for (;;) {
 			uint64_t st = atomic_load(&s->state);
 			uint64_t f = atomic_load(&s->fp);
-			if ((f & ~TBT_TAG_MASK) != c->fp || st_empty(st))
+			if ((f & ~TBT_TAG_MASK) != c->fp)
 				break;
 			if (!st_claimed(st)) {
-				if (f == fp_for(c->fp, st))
+				if (!st_empty(st) && f == fp_for(c->fp, st))
 					return false; /* confirmed for the key: give way */
 				break;
 			}
+			/* A claim keeps the emptiness of the slot it took: it counts either way. */
 			if ((f & TBT_TAG_MASK) != st_ver(st))
 				break; /* a claim for another key, its fingerprint not written yet */
 			if (void_claim(k, s, st))

@@ -250,6 +250,36 @@ START_TEST(reuse_is_lossless)
 }
 END_TEST
 
+/*
+ * Two callers inserting one key: the second, finding the first's claim
+ * (here a claim left by a caller that stopped, written by hand), waits,
+ * then claims a slot of its own, and its rescan voids the rival claim, so
+ * that one slot only holds the key.
+ */
+START_TEST(rival_claim_voided)
+{
+	struct tokenbucket_table *t;
+	struct tbt_mem *mem = placed(1, MS, 4, 4, 0, &t, NULL);
+	uint64_t fp = tbt_fingerprint(tb__siphash13(mem->header.h.k0, mem->header.h.k1, "y", 1));
+	struct tbt_slot *rival = &mem->line[0].slot[_i];
+	/* Claimed from empty (version 1, the empty bit kept), fingerprint tagged with the claim. */
+	atomic_store(&rival->state, (UINT64_C(1) << TBT_VER_SHIFT) | TBT_EMPTY);
+	atomic_store(&rival->fp, fp | 1);
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "y", 1, 4));
+	ck_assert_uint_eq(atomic_load(&rival->state) >> TBT_VER_SHIFT, 2);
+	ck_assert(atomic_load(&rival->state) & TBT_EMPTY);
+	int holders = 0;
+	for (int i = 0; i < 4; i++) {
+		uint64_t st = atomic_load(&mem->line[i / 2].slot[i % 2].state);
+		holders += !(st & TBT_EMPTY) && !((st >> TBT_VER_SHIFT) & 1);
+	}
+	ck_assert_int_eq(holders, 1);
+	ck_assert(!tokenbucket_table_allow_at(t, SEC, "y", 1, 1));
+	tokenbucket_table_free(t);
+	free(mem);
+}
+END_TEST
+
 START_TEST(policies)
 {
 	/* Fail open: allowed without a bucket, nothing recorded. */
@@ -1011,6 +1041,7 @@ Suite *table_suite(void)
 	tcase_add_loop_test(tc, exact_with_reuse, 0, (int)(sizeof(configs) / sizeof(configs[0])));
 	tcase_add_test(tc, reuse_is_lossless);
 	tcase_add_test(tc, policies);
+	tcase_add_loop_test(tc, rival_claim_voided, 0, 4);
 	tcase_add_test(tc, results_single_bucket);
 	tcase_add_test(tc, iterate_live_keys);
 	suite_add_tcase(s, tc);
