@@ -261,7 +261,7 @@ START_TEST(rival_claim_voided)
 	struct tokenbucket_table *t;
 	struct tbt_mem *mem = placed(1, MS, 4, 4, 0, &t, NULL);
 	uint64_t fp = tbt_fingerprint(tb__siphash13(mem->header.h.k0, mem->header.h.k1, "y", 1));
-	struct tbt_slot *rival = &mem->line[0].slot[_i];
+	struct tbt_slot *rival = &mem->line[_i / 2].slot[_i % 2];
 	/* Claimed from empty (version 1, the empty bit kept), fingerprint tagged with the claim. */
 	atomic_store(&rival->state, (UINT64_C(1) << TBT_VER_SHIFT) | TBT_EMPTY);
 	atomic_store(&rival->fp, fp | 1);
