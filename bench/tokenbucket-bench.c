@@ -35,8 +35,9 @@
 
 #include <tokenbucket.h>
 
-/* Only for the size of the state and of its hot line. */
+/* Only for the size of the state and of its hot line, and the tables' keyed hash. */
 #include "../src/internal.h"
+#include "../src/table.h"
 
 #define T0 INT64_C(1000000000) /* the first "now" of the _at loops */
 #define MAX_THREADS 4
@@ -74,6 +75,8 @@ struct ctx {
 	struct tokenbucket *tb[2];
 	uint64_t ticket;
 	void *map; /* a bucket placed in shared memory (1.1): unmapped, not freed */
+	struct tokenbucket_table *table; /* the per-key tables (1.1) */
+	uint64_t keys;                   /* warm keys in it: 0 to keys - 1 */
 };
 
 static struct tokenbucket *bucket(double rate, uint64_t burst)
@@ -271,6 +274,95 @@ static void setup_placed(struct ctx *c)
 	c->tb[1] = c->tb[0];
 }
 
+/* ---- Per-key tables (1.1) -------------------------------------------------- */
+
+/*
+ * Keys are 8-byte integers (an IPv4 address and port, a user id), hashed
+ * as bytes.  The rate and burst are those of setup_full: a warm key always
+ * has a token, so every call takes the path measured.
+ */
+static void table_with(struct ctx *c, uint64_t tokens, int64_t period, uint64_t burst,
+		       uint64_t capacity, uint64_t keys)
+{
+	/* Fail open: the rare key that finds no slot (1 in 10^6 at 0.4 keys a slot) still passes. */
+	int err = tokenbucket_table_create(&c->table, tokens, period, burst, capacity,
+					   TOKENBUCKET_TABLE_FAIL_OPEN);
+	if (err)
+		die("tokenbucket_table_create", err);
+	c->keys = keys;
+	for (uint64_t k = 0; k < keys; k++)
+		tokenbucket_table_allow_at(c->table, T0, &k, sizeof(k), 1);
+}
+
+static void setup_table_1(struct ctx *c)
+{
+	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 64, 1);
+}
+
+static void setup_table_1k(struct ctx *c)
+{
+	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 2048, 1000);
+}
+
+static void setup_table_1m(struct ctx *c)
+{
+	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 2500000, 1000000);
+}
+
+/* Keys never seen again: each call gives a new key the slot of a full one (1 token a us, burst 1). */
+static void setup_table_cold(struct ctx *c)
+{
+	table_with(c, 1, 1000, 1, 100000, 0);
+}
+
+static uint64_t loop_hash(struct ctx *c, int id, uint64_t n)
+{
+	(void)c, (void)id;
+	uint64_t sum = 0;
+	for (uint64_t i = 0; i < n; i++)
+		sum += tb__siphash13(sum, 1, &i, sizeof(i));
+	return sum;
+}
+
+/* Warm keys in turn (1 key: the same one), as allow_at's loop. */
+static uint64_t loop_table_at(struct ctx *c, int id, uint64_t n)
+{
+	uint64_t sum = 0, k = (uint64_t)id * 7919 % (c->keys ? c->keys : 1);
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++) {
+		sum += tokenbucket_table_allow_at(c->table, t++, &k, sizeof(k), 1);
+		if (++k == c->keys)
+			k = 0;
+	}
+	return sum;
+}
+
+/* Random warm keys (an xorshift), from each thread. */
+static uint64_t loop_table_random(struct ctx *c, int id, uint64_t n)
+{
+	uint64_t sum = 0, x = 88172645463325252u + (uint64_t)id;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		uint64_t k = x % c->keys;
+		sum += tokenbucket_table_allow_at(c->table, t++, &k, sizeof(k), 1);
+	}
+	return sum;
+}
+
+static uint64_t loop_table_cold(struct ctx *c, int id, uint64_t n)
+{
+	uint64_t sum = 0, k = ((uint64_t)id << 48) + 1000000;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++, k++) {
+		t += 1000;
+		sum += tokenbucket_table_allow_at(c->table, t, &k, sizeof(k), 1);
+	}
+	return sum;
+}
+
 /* ---- The metrics --------------------------------------------------------- */
 
 enum expect {
@@ -336,6 +428,13 @@ static struct metric metrics[] = {
 	METRIC("allow_at_placed", "allow_at", 0, setup_placed, loop_allow_at, ALL),
 	METRIC_PROCS("allow_at_2p", "allow_at_shared", 2, setup_placed, loop_allow_at, ALL),
 	METRIC_PROCS("allow_2p", "allow_2t", 2, setup_placed, loop_allow, ALL),
+	/* 1.1: per-key tables against a single bucket's allow_at. */
+	METRIC("siphash13_8B", NULL, 0, NULL, loop_hash, ANY),
+	METRIC("table_at_1", "allow_at", 0, setup_table_1, loop_table_at, ALL),
+	METRIC("table_at_1k", "allow_at", 0, setup_table_1k, loop_table_at, ALL),
+	METRIC("table_at_1m", "allow_at", 0, setup_table_1m, loop_table_at, ALL),
+	METRIC("table_cold", "allow_at", 0, setup_table_cold, loop_table_cold, ALL),
+	METRIC("table_2t_1k", "allow_at_shared", 2, setup_table_1k, loop_table_random, ALL),
 };
 #define NMETRICS (sizeof(metrics) / sizeof(metrics[0]))
 
@@ -435,7 +534,7 @@ static uint64_t run_procs(struct metric *m, struct ctx *c, uint64_t n, int64_t *
 /* One timed loop of n iterations (in each thread) on fresh state; its wall time in ns. */
 static double run(struct metric *m, uint64_t n)
 {
-	struct ctx c = { { NULL, NULL }, 0, NULL };
+	struct ctx c = { { NULL, NULL }, 0, NULL, NULL, 0 };
 	if (m->setup)
 		m->setup(&c);
 	int64_t start, end;
@@ -477,6 +576,10 @@ static double run(struct metric *m, uint64_t n)
 		m->warned = true;
 	}
 	sink += sum;
+	if (c.table) {
+		tokenbucket_table_free(c.table);
+		return (double)(end - start);
+	}
 	if (c.map) {
 		munmap(c.map, tokenbucket_shared_size());
 		return (double)(end - start);
@@ -563,6 +666,14 @@ static void print_bucket(void)
 	printf("\n");
 }
 
+static void print_keys(void)
+{
+	printf("table: %zu bytes per slot (buckets of %d slots, two choices); "
+	       "tokenbucket_table_size(2000000) = %zu bytes: %.1f bytes per key for 10^6 keys\n",
+	       sizeof(struct tbt_slot), TBT_BUCKET_SLOTS, tokenbucket_table_size(2000000),
+	       (double)tokenbucket_table_size(2000000) / 1e6);
+}
+
 static void print_table(const char *what)
 {
 	printf("libtokenbucket %s, %s\n", tokenbucket_version_string(), what);
@@ -592,7 +703,14 @@ static void print_table(const char *what)
 	print_ratio("allow_at_placed", "allow_at", "a bucket in shared memory alone: goal 1");
 	print_ratio("allow_at_2p", "allow_at_shared", "2 processes vs 2 threads on one bucket: goal 1 +- 10%");
 	print_ratio("allow_2p", "allow_2t", "the same through the clock: goal 1 +- 10%");
+	print_ratio("table_at_1", "allow_at", "a warm key of a table: goal <= 3");
+	print_ratio("table_at_1k", "allow_at", "10^3 warm keys in turn: goal <= 3");
+	print_ratio("table_at_1m", "allow_at", "10^6 warm keys in turn, 64 MB: memory-bound");
+	print_ratio("table_cold", "allow_at", "a new key each call, reusing full slots");
+	print_ratio("table_2t_1k", "allow_at_shared", "2 threads on random keys vs 2 on one bucket");
+	print_ratio("table_at_1", "siphash13_8B", "the hash's share of a warm call");
 	print_bucket();
+	print_keys();
 }
 
 static void print_tsv(void)

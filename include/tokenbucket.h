@@ -264,8 +264,8 @@ TOKENBUCKET_API int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now
 
 /*
  * One rate-limiting decision in the terms of RateLimit and Retry-After
- * headers.  A type only: libtokenbucket-redis fills it (and a per-key
- * table may); the core functions above do not use it.
+ * headers.  tokenbucket_allow_result and tokenbucket_table_allow_result
+ * fill it, and so does libtokenbucket-redis.
  */
 struct tokenbucket_result {
 	bool allowed;            /* the request was granted */
@@ -281,6 +281,24 @@ struct tokenbucket_result {
 };
 /* The decision was made by a local fallback bucket, not by the shared one. */
 #define TOKENBUCKET_RESULT_LOCAL (1u << 0)
+/* A table had no bucket for the key (it was full): the table's policy decided. */
+#define TOKENBUCKET_RESULT_NO_BUCKET (1u << 1)
+
+/*
+ * Go's AllowN, as tokenbucket_allow_at, reporting the decision in *res:
+ * limit is the burst; remaining the whole tokens left at the bucket's
+ * clock just after the decision (under concurrent calls, theirs count
+ * too); retry_after_ns 0 if allowed, else how long until n tokens are
+ * there (TOKENBUCKET_NEVER: never, or n > burst); reset_after_ns how long
+ * until the bucket is full.  Unlike allow, a refusal of n > burst also
+ * leaves the bucket having seen now, so that the report is about now.
+ * -EINVAL: tb or res NULL (*res untouched).
+ * Since 1.1.0.
+ */
+TOKENBUCKET_API int tokenbucket_allow_result(struct tokenbucket *tb, uint64_t n,
+					     struct tokenbucket_result *res);
+TOKENBUCKET_API int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t now, uint64_t n,
+						struct tokenbucket_result *res);
 
 /* ---- 1.1: buckets shared between processes ------------------------------- */
 
@@ -369,6 +387,174 @@ TOKENBUCKET_API void tokenbucket_close(struct tokenbucket *tb);
  * -ENOENT: no such bucket.  -EACCES, -EPERM: not allowed.
  */
 TOKENBUCKET_API int tokenbucket_unlink(const char *name);
+
+/* ---- 1.1: per-key tables -------------------------------------------------- */
+
+/*
+ * A table of buckets: one bucket per key (bytes and a length), all with one
+ * rate and burst, in a fixed number of slots chosen at creation.  Each key
+ * behaves exactly as a single bucket whose origin is the table's first
+ * time; a key never seen, or whose slot was given to another key while its
+ * bucket was full, is a new full bucket.  Lookups and takes are lock-free;
+ * a table may live in memory shared between processes.  See
+ * tokenbucket_table_create(3) for the sizing rule and the policies, and
+ * docs/DESIGN.md ("Tables") for the protocol.  Since 1.1.0.
+ */
+struct tokenbucket_table;
+
+/* Policy when a new key finds no free slot (default: refuse it, fail closed). */
+#define TOKENBUCKET_TABLE_FAIL_OPEN (1u << 0) /* allow it, without a bucket */
+#define TOKENBUCKET_TABLE_EVICT (1u << 1)     /* evict the fullest bucket it could use */
+
+/* The largest burst of a table (2^40 tokens), and the most a key may owe. */
+#define TOKENBUCKET_TABLE_BURST_MAX (UINT64_C(1) << 40)
+#define TOKENBUCKET_TABLE_DEBT_MAX (UINT64_C(1) << 40)
+/* The most slots a table may have. */
+#define TOKENBUCKET_TABLE_CAPACITY_MAX (UINT64_C(1) << 32)
+/* The alignment, in bytes, of a table's memory. */
+#define TOKENBUCKET_TABLE_ALIGN 128
+
+/*
+ * Bytes a table of capacity slots needs: 256 + 32 * capacity rounded up to
+ * a multiple of 4; 0 if capacity is 0 or above the maximum.
+ */
+TOKENBUCKET_API size_t tokenbucket_table_size(uint64_t capacity);
+/*
+ * Creates a table of capacity slots whose buckets produce tokens every
+ * period_ns (tokens 0: never refill) and hold burst.  flags: 0 (fail
+ * closed), TOKENBUCKET_TABLE_FAIL_OPEN or TOKENBUCKET_TABLE_EVICT.
+ * -EINVAL: tp NULL, capacity 0, period_ns <= 0 with tokens > 0, unknown or
+ * conflicting flags.  -ERANGE: burst > TOKENBUCKET_TABLE_BURST_MAX,
+ * capacity > TOKENBUCKET_TABLE_CAPACITY_MAX, a rate above 16 tokens per
+ * ns.  -ENOMEM.  Negative errno values of getrandom(2).
+ */
+TOKENBUCKET_API int tokenbucket_table_create(struct tokenbucket_table **tp, uint64_t tokens,
+					     int64_t period_ns, uint64_t burst, uint64_t capacity,
+					     unsigned flags);
+/*
+ * As tokenbucket_table_create, in the size bytes at mem (aligned to
+ * TOKENBUCKET_TABLE_ALIGN, at least tokenbucket_table_size(capacity)).
+ * *tp is a handle of this process, released by tokenbucket_table_free.
+ * -EINVAL also: mem NULL or misaligned, size too small.  -ENOTSUP: as
+ * tokenbucket_init_shared.
+ */
+TOKENBUCKET_API int tokenbucket_table_init_shared(struct tokenbucket_table **tp, void *mem,
+						  size_t size, uint64_t tokens, int64_t period_ns,
+						  uint64_t burst, uint64_t capacity, unsigned flags);
+/*
+ * A handle on the table another process (or this one) initialised in the
+ * size bytes at mem, after checking its header.  -EINVAL: tp or mem NULL,
+ * mem misaligned.  -EBADMSG, -EPROTO, -EAGAIN, -ENOTSUP: as
+ * tokenbucket_attach_shared.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_table_attach_shared(struct tokenbucket_table **tp, void *mem,
+						    size_t size);
+/*
+ * Opens the named table name as tokenbucket_open opens a named bucket
+ * (same names and namespace; tokenbucket_unlink removes it), creating it
+ * with the arguments of tokenbucket_table_create and mode if it does not
+ * exist.  TOKENBUCKET_OPEN_DIFFERS: it exists with another rate, burst,
+ * capacity or flags, which stand.  Errors: those of tokenbucket_open and
+ * tokenbucket_table_create.
+ */
+TOKENBUCKET_API int tokenbucket_table_open(struct tokenbucket_table **tp, const char *name,
+					   uint64_t tokens, int64_t period_ns, uint64_t burst,
+					   uint64_t capacity, unsigned flags, unsigned mode,
+					   unsigned *status);
+/*
+ * Releases a handle: frees a table from tokenbucket_table_create, unmaps
+ * one from tokenbucket_table_open, leaves caller memory alone.  Accepts
+ * NULL.  No other call on t in this process may be running.
+ */
+TOKENBUCKET_API void tokenbucket_table_free(struct tokenbucket_table *t);
+
+/*
+ * The Go face per key, as tokenbucket_allow_at and friends on the key's
+ * bucket.  key may be NULL only with len 0.  When a new key finds no slot,
+ * the policy decides: fail closed refuses (false; reserve -EBUSY), fail
+ * open allows without taking anything (true; reserve succeeds with
+ * tokens 0).  Past the table's horizon (2^54 tokens produced since its
+ * origin) every call refuses: false, -ERANGE, NaN.  allow with key NULL
+ * and len > 0, or t NULL, is false.
+ */
+TOKENBUCKET_API bool tokenbucket_table_allow(struct tokenbucket_table *t, const void *key,
+					     size_t len, uint64_t n);
+TOKENBUCKET_API bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now,
+						const void *key, size_t len, uint64_t n);
+/*
+ * As tokenbucket_table_allow_at, filling *res as tokenbucket_allow_result
+ * does; TOKENBUCKET_RESULT_NO_BUCKET says the policy decided.  -EINVAL: t
+ * or res NULL, key NULL with len > 0.  -ERANGE: past the horizon.
+ */
+TOKENBUCKET_API int tokenbucket_table_allow_result(struct tokenbucket_table *t, const void *key,
+						   size_t len, uint64_t n,
+						   struct tokenbucket_result *res);
+TOKENBUCKET_API int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now,
+						      const void *key, size_t len, uint64_t n,
+						      struct tokenbucket_result *res);
+/*
+ * As tokenbucket_reserve_at on the key's bucket.  -EINVAL: t or r NULL, key
+ * NULL with len > 0.  -E2BIG, -ETIMEDOUT as tokenbucket_reserve_at.
+ * -EOVERFLOW: the key would owe more than TOKENBUCKET_TABLE_DEBT_MAX.
+ * -EBUSY: no slot for a new key (fail closed).  -ERANGE: past the horizon.
+ */
+TOKENBUCKET_API int tokenbucket_table_reserve(struct tokenbucket_table *t, const void *key,
+					      size_t len, uint64_t n, int64_t max_wait,
+					      struct tokenbucket_reservation *r);
+TOKENBUCKET_API int tokenbucket_table_reserve_at(struct tokenbucket_table *t, int64_t now,
+						 const void *key, size_t len, uint64_t n,
+						 int64_t max_wait,
+						 struct tokenbucket_reservation *r);
+/*
+ * As tokenbucket_cancel_at on the key's bucket: gives back r->tokens unless
+ * now is past r->time_to_act or the key has no bucket any more; sets
+ * r->tokens to 0.  NULLs are ignored.
+ */
+TOKENBUCKET_API void tokenbucket_table_cancel(struct tokenbucket_table *t, const void *key,
+					      size_t len, struct tokenbucket_reservation *r);
+TOKENBUCKET_API void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key,
+						 size_t len, struct tokenbucket_reservation *r,
+						 int64_t now);
+/*
+ * As tokenbucket_tokens_at on the key's bucket (burst for a key with no
+ * bucket; none is made).  NaN: t NULL, key NULL with len > 0, past the
+ * horizon.
+ */
+TOKENBUCKET_API double tokenbucket_table_tokens(struct tokenbucket_table *t, const void *key,
+						size_t len);
+TOKENBUCKET_API double tokenbucket_table_tokens_at(struct tokenbucket_table *t, int64_t now,
+						   const void *key, size_t len);
+
+/* A live key, as tokenbucket_table_next reports it. */
+struct tokenbucket_table_entry {
+	uint64_t fingerprint; /* the key's 56-bit keyed fingerprint */
+	int64_t clock;        /* the latest time the key has seen */
+	double tokens;        /* its tokens at max(now, clock), as tokens_at (never recorded) */
+	uint64_t reserved[2]; /* zero */
+};
+
+/*
+ * Iterates over the keys that hold a slot: start with *cursor 0; each call
+ * fills *e with the next one and advances *cursor.  Keys that move while
+ * iterating may be missed or seen twice.  0: *e filled.  -ENOENT: no more.
+ * -EINVAL: a NULL argument.
+ */
+TOKENBUCKET_API int tokenbucket_table_next(struct tokenbucket_table *t, uint64_t *cursor,
+					   int64_t now, struct tokenbucket_table_entry *e);
+
+/* The table's counters (statistics: a process killed mid-insert can leave them off by one). */
+struct tokenbucket_table_stats {
+	uint64_t capacity; /* slots */
+	uint64_t in_use;   /* slots holding a key */
+	uint64_t lossless; /* slots of full keys given to new keys */
+	uint64_t lossy;    /* keys evicted before their bucket was full (TOKENBUCKET_TABLE_EVICT) */
+	uint64_t refused;  /* new keys that found no slot (failed closed or passed open) */
+	uint64_t reserved[3];
+};
+
+/* Fills *s.  -EINVAL: a NULL argument. */
+TOKENBUCKET_API int tokenbucket_table_stats(struct tokenbucket_table *t,
+					    struct tokenbucket_table_stats *s);
 
 #ifdef __cplusplus
 }

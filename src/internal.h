@@ -130,6 +130,15 @@ uint64_t tb__remainder(const struct tb__view *v, int64_t t);
 /* Until when a regime may run before it must be normalized (INT64_MAX: for ever). */
 int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0);
 
+/* ---- result.c: a decision as a server reports it ------------------------- */
+
+/*
+ * Fills *res for a decision on n tokens at "at" under view v: level is the
+ * whole tokens after it (never above burst; negative in debt).
+ */
+void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst, bool allowed,
+		int64_t level, struct tokenbucket_result *res);
+
 /* ---- regime.c: life cycle and writers ----------------------------------- */
 
 /* -EINVAL for unknown flags, -ERANGE for a burst beyond TOKENBUCKET_BURST_MAX. */
@@ -157,6 +166,33 @@ int tb__writer_lock(struct tokenbucket *tb);
  * would.  Never waits: a live writer's lock is left alone.
  */
 void tb__writer_help(struct tokenbucket *tb);
+
+/* Where named objects live, and the prefix that keeps them apart from others. */
+#define TB__SHM_DIR "/dev/shm/"
+#define TB__SHM_PREFIX "tokenbucket."
+#define TB__PATH_SIZE (sizeof(TB__SHM_DIR TB__SHM_PREFIX) + TOKENBUCKET_NAME_MAX)
+
+/* Whether 8-byte atomics are lock-free and address-free here. */
+bool tb__atomics_shareable(void);
+/* The file of a named object, or -EINVAL / -ENAMETOOLONG for a bad name. */
+int tb__shm_path(const char *name, char *path, size_t size);
+
+/* What tb__shm_open needs to know of a kind of named object. */
+struct tb__shm_ops {
+	size_t map_size;    /* bytes an existing object maps; 0: the whole file */
+	size_t create_size; /* bytes a new object has */
+	size_t min_size;    /* a shorter file is not one (-EBADMSG) */
+	int (*init)(void *map, void *arg);                     /* a new object, in place */
+	int (*check)(const void *map, size_t have, void *arg); /* an existing one: have bytes */
+	void *arg;
+};
+/*
+ * Opens the named object (a bucket or a table), creating it complete before
+ * its name appears if it does not exist; *created says which.  0 or a
+ * negative errno; *map and *mapped describe the mapping.
+ */
+int tb__shm_open(const char *name, unsigned mode, const struct tb__shm_ops *ops, void **map,
+		 size_t *mapped, bool *created);
 
 /* ---- rovers.c: the shared core ------------------------------------------- */
 

@@ -28,9 +28,6 @@
 /* The last word written by initialisation: the state behind it is complete. */
 #define TB__READY UINT32_C(0x52454459)
 
-/* Where named buckets live, and the prefix that keeps them apart from other objects. */
-#define TB__SHM_DIR "/dev/shm/"
-#define TB__SHM_PREFIX "tokenbucket."
 
 struct tb__header {
 	uint64_t magic;
@@ -72,7 +69,7 @@ size_t tokenbucket_shared_align(void)
  * that is always lock-free works in a mapping at any address, in any
  * process.
  */
-static bool atomics_shareable(void)
+bool tb__atomics_shareable(void)
 {
 	return __atomic_always_lock_free(sizeof(uint64_t), 0) &&
 	       __atomic_always_lock_free(sizeof(uint32_t), 0);
@@ -144,7 +141,7 @@ int tokenbucket_init_shared(struct tokenbucket **tbp, void *mem, size_t size, do
 	int err = tb__bucket_check(burst, flags);
 	if (err)
 		return err;
-	if (!atomics_shareable())
+	if (!tb__atomics_shareable())
 		return -ENOTSUP;
 	struct tb__shared *s = mem;
 	err = shared_init(s, kind, p, q, burst, flags);
@@ -202,7 +199,7 @@ int tokenbucket_attach_shared(struct tokenbucket **tbp, void *mem, size_t size)
 {
 	if (tbp == NULL || mem == NULL || !aligned(mem))
 		return -EINVAL;
-	if (!atomics_shareable())
+	if (!tb__atomics_shareable())
 		return -ENOTSUP;
 	struct tb__shared *s = mem;
 	int err = shared_check(s, size);
@@ -274,7 +271,7 @@ void tb__writer_help(struct tokenbucket *tb)
 /* ---- Named buckets ------------------------------------------------------- */
 
 /* "/dev/shm/tokenbucket.<name without its slash>", or a negative errno for a bad name. */
-static int shm_path(const char *name, char *path, size_t size)
+int tb__shm_path(const char *name, char *path, size_t size)
 {
 	if (name == NULL || name[0] != '/' || name[1] == '\0')
 		return -EINVAL;
@@ -288,8 +285,6 @@ static int shm_path(const char *name, char *path, size_t size)
 	return n < 0 || (size_t)n >= size ? -ENAMETOOLONG : 0;
 }
 
-#define TB__PATH_SIZE (sizeof(TB__SHM_DIR TB__SHM_PREFIX) + TOKENBUCKET_NAME_MAX)
-
 static struct tokenbucket *state_of(void *map)
 {
 	return &((struct tb__shared *)map)->state;
@@ -300,40 +295,47 @@ static struct tb__shared *map_of(struct tokenbucket *tb)
 	return (struct tb__shared *)((char *)tb - offsetof(struct tb__shared, state));
 }
 
-/* Maps an open bucket and checks it; on success *tbp is its state. */
-static int attach_fd(int fd, struct tokenbucket **tbp)
+/*
+ * Maps an open object and checks it.  map_size 0 maps the whole file (at
+ * least min_size bytes), else exactly map_size bytes, of which check reads
+ * only what the file has: a shorter file is truncated, never read past its
+ * end.  On success *map and *mapped describe the mapping.
+ */
+static int attach_fd(int fd, const struct tb__shm_ops *ops, void **map, size_t *mapped)
 {
 	struct stat st;
 	if (fstat(fd, &st) < 0)
 		return -errno;
 	if (!S_ISREG(st.st_mode))
 		return -EBADMSG;
-	/* Only the part the file has is read: a shorter file is truncated, never mapped past its end. */
-	size_t have = st.st_size < (off_t)sizeof(struct tb__shared) ? (size_t)st.st_size
-								    : sizeof(struct tb__shared);
-	if (have < sizeof(struct tb__header))
+	if (st.st_size < (off_t)ops->min_size || (uint64_t)st.st_size > SIZE_MAX / 2)
 		return -EBADMSG;
-	void *map = mmap(NULL, sizeof(struct tb__shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (map == MAP_FAILED)
+	size_t have = (size_t)st.st_size;
+	size_t len = ops->map_size ? ops->map_size : have;
+	if (have > len)
+		have = len;
+	void *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (m == MAP_FAILED)
 		return -errno;
-	int err = shared_check(map, have);
+	int err = ops->check(m, have, ops->arg);
 	if (err) {
-		munmap(map, sizeof(struct tb__shared));
+		munmap(m, len);
 		return err;
 	}
-	*tbp = state_of(map);
+	*map = m;
+	*mapped = len;
 	return 0;
 }
 
 /*
- * A new bucket, complete before it has a name: an unnamed file in /dev/shm
+ * A new object, complete before it has a name: an unnamed file in /dev/shm
  * (O_TMPFILE), initialised, then linked to its name, which fails if the
  * name exists.  Where O_TMPFILE is missing, a temporary name does the same.
- * Returns 0 (*tbp set), -EEXIST (someone else created it first: attach), or
+ * Returns 0 (*map set), -EEXIST (someone else created it first: attach), or
  * another negative errno.
  */
-static int create_named(const char *path, enum tb__kind kind, uint64_t p, uint64_t q,
-			uint64_t burst, unsigned flags, unsigned mode, struct tokenbucket **tbp)
+static int create_named(const char *path, const struct tb__shm_ops *ops, unsigned mode,
+			void **mapp)
 {
 	char tmp[TB__PATH_SIZE + 16];
 	bool named_tmp = false;
@@ -347,16 +349,16 @@ static int create_named(const char *path, enum tb__kind kind, uint64_t p, uint64
 	}
 	int err = 0;
 	void *map = MAP_FAILED;
-	if (fchmod(fd, mode) < 0 || ftruncate(fd, sizeof(struct tb__shared)) < 0) {
+	if (fchmod(fd, mode) < 0 || ftruncate(fd, (off_t)ops->create_size) < 0) {
 		err = -errno;
 		goto out;
 	}
-	map = mmap(NULL, sizeof(struct tb__shared), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	map = mmap(NULL, ops->create_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED) {
 		err = -errno;
 		goto out;
 	}
-	err = shared_init(map, kind, p, q, burst, flags);
+	err = ops->init(map, ops->arg);
 	if (err)
 		goto out;
 	if (named_tmp) {
@@ -373,11 +375,52 @@ out:
 		unlink(tmp);
 	close(fd);
 	if (err == 0)
-		*tbp = state_of(map);
+		*mapp = map;
 	else if (map != MAP_FAILED)
-		munmap(map, sizeof(struct tb__shared));
+		munmap(map, ops->create_size);
 	return err;
 }
+
+int tb__shm_open(const char *name, unsigned mode, const struct tb__shm_ops *ops, void **map,
+		 size_t *mapped, bool *created)
+{
+	char path[TB__PATH_SIZE];
+	int err = tb__shm_path(name, path, sizeof(path));
+	if (err)
+		return err;
+	if (mode > 0777)
+		return -EINVAL;
+	if (mode == 0)
+		mode = 0600;
+	/* Each retry means the name was created or removed by someone else meanwhile. */
+	for (int tries = 0; tries < 100; tries++) {
+		int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+		if (fd >= 0) {
+			err = attach_fd(fd, ops, map, mapped);
+			close(fd);
+			*created = false;
+			return err;
+		}
+		if (errno != ENOENT)
+			return errno == ELOOP ? -EBADMSG : -errno;
+		err = create_named(path, ops, mode, map);
+		if (err == 0) {
+			*mapped = ops->create_size;
+			*created = true;
+			return 0;
+		}
+		if (err != -EEXIST)
+			return err;
+	}
+	return -EAGAIN;
+}
+
+/* What tokenbucket_open asks for. */
+struct bucket_config {
+	enum tb__kind kind;
+	uint64_t p, q, burst;
+	unsigned flags;
+};
 
 /* Whether the bucket's rate, burst and flags are the ones given. */
 static bool same_config(struct tokenbucket *tb, enum tb__kind kind, uint64_t p, uint64_t q,
@@ -389,52 +432,53 @@ static bool same_config(struct tokenbucket *tb, enum tb__kind kind, uint64_t p, 
 	       atomic_load(&tb->burst) == burst && tb->flags == flags;
 }
 
+static int bucket_init_cb(void *map, void *arg)
+{
+	const struct bucket_config *c = arg;
+	return shared_init(map, c->kind, c->p, c->q, c->burst, c->flags);
+}
+
+static int bucket_check_cb(const void *map, size_t have, void *arg)
+{
+	(void)arg;
+	return shared_check(map, have);
+}
+
 int tokenbucket_open(struct tokenbucket **tbp, const char *name, double rate, uint64_t burst,
 		     unsigned flags, unsigned mode, unsigned *status)
 {
 	char path[TB__PATH_SIZE];
-	enum tb__kind kind;
-	uint64_t p, q;
-	if (tbp == NULL || mode > 0777 || rate_ratio(rate, &kind, &p, &q))
+	struct bucket_config c = {.burst = burst, .flags = flags};
+	if (tbp == NULL || mode > 0777 || rate_ratio(rate, &c.kind, &c.p, &c.q))
 		return -EINVAL;
-	int err = shm_path(name, path, sizeof(path));
+	int err = tb__shm_path(name, path, sizeof(path));
 	if (err == 0)
 		err = tb__bucket_check(burst, flags);
 	if (err)
 		return err;
-	if (!atomics_shareable())
+	if (!tb__atomics_shareable())
 		return -ENOTSUP;
-	if (mode == 0)
-		mode = 0600;
-	struct tokenbucket *tb = NULL;
-	/* Each retry means the name was created or removed by someone else meanwhile. */
-	for (int tries = 0; tries < 100; tries++) {
-		int fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-		if (fd >= 0) {
-			err = attach_fd(fd, &tb);
-			close(fd);
-			if (err)
-				return err;
-			if (status)
-				*status = same_config(tb, kind, p, q, burst, flags)
-						  ? 0
-						  : TOKENBUCKET_OPEN_DIFFERS;
-			*tbp = tb;
-			return 0;
-		}
-		if (errno != ENOENT)
-			return errno == ELOOP ? -EBADMSG : -errno;
-		err = create_named(path, kind, p, q, burst, flags, mode, &tb);
-		if (err == 0) {
-			if (status)
-				*status = TOKENBUCKET_OPEN_CREATED;
-			*tbp = tb;
-			return 0;
-		}
-		if (err != -EEXIST)
-			return err;
-	}
-	return -EAGAIN;
+	const struct tb__shm_ops ops = {
+		.map_size = sizeof(struct tb__shared),
+		.create_size = sizeof(struct tb__shared),
+		.min_size = sizeof(struct tb__header),
+		.init = bucket_init_cb,
+		.check = bucket_check_cb,
+		.arg = &c,
+	};
+	void *map;
+	size_t mapped;
+	bool created;
+	err = tb__shm_open(name, mode, &ops, &map, &mapped, &created);
+	if (err)
+		return err;
+	struct tokenbucket *tb = state_of(map);
+	if (status)
+		*status = created ? TOKENBUCKET_OPEN_CREATED
+			  : same_config(tb, c.kind, c.p, c.q, burst, flags) ? 0
+									: TOKENBUCKET_OPEN_DIFFERS;
+	*tbp = tb;
+	return 0;
 }
 
 void tokenbucket_close(struct tokenbucket *tb)
@@ -446,7 +490,7 @@ void tokenbucket_close(struct tokenbucket *tb)
 int tokenbucket_unlink(const char *name)
 {
 	char path[TB__PATH_SIZE];
-	int err = shm_path(name, path, sizeof(path));
+	int err = tb__shm_path(name, path, sizeof(path));
 	if (err)
 		return err;
 	return unlink(path) < 0 ? -errno : 0;

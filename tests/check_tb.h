@@ -57,5 +57,7 @@ Suite *wait_suite(void);
 Suite *badinput_suite(void);
 Suite *stress_suite(void);
 Suite *shared_suite(void);
+Suite *table_suite(void);
+Suite *table_shared_suite(void);
 
 #endif

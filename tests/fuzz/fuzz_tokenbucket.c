@@ -539,6 +539,110 @@ static void do_op(struct run *r, struct input *in, int op)
 	}
 }
 
+/* ---- Per-key tables: a table against one model bucket per key ------------- */
+
+#define TABLE_KEYS 8
+
+/*
+ * A table of 64 slots with TABLE_KEYS one-byte keys (never short of a
+ * slot: a key's eight candidates cannot all hold other keys), each key
+ * against a model bucket whose clock starts at the table's first call.
+ * Times run forward, and backwards only for keys that hold a slot (a key
+ * without one has seen no time, docs/DESIGN.md "Tables").
+ */
+static void run_table(struct input *in)
+{
+	struct tokenbucket_table *t = NULL;
+	struct model *m[TABLE_KEYS];
+	struct tokenbucket_reservation ra[TABLE_KEYS], rb[TABLE_KEYS];
+	bool has[TABLE_KEYS] = { false };
+	uint64_t tokens = 1 + (u8(in) & 7);
+	int64_t period = 1 + (int64_t)bytes(in, 3);
+	uint64_t burst = 1 + u8(in) % 16;
+	opname = "table_create";
+	trace("table_create(%" PRIu64 ", %" PRId64 ", %" PRIu64 ")", tokens, period, burst);
+	same_i64("table create error", tokenbucket_table_create(&t, tokens, period, burst, 64, 0), 0);
+	int64_t now = INT64_C(1000000000) + (int64_t)bytes(in, 4);
+	same_double("first tokens_at", tokenbucket_table_tokens_at(t, now, "", 0), (double)burst);
+	for (int k = 0; k < TABLE_KEYS; k++) {
+		if (model_create_every(&m[k], tokens, period, burst, 0))
+			abort();
+		model_tokens_at(m[k], now);
+	}
+	memset(ra, 0, sizeof(ra));
+	memset(rb, 0, sizeof(rb));
+	for (step = 1; step <= MAX_STEPS; step++) {
+		int op = steer(in);
+		if (op < 0)
+			break;
+		uint8_t key = (uint8_t)(u8(in) % TABLE_KEYS);
+		now += (int64_t)u8(in) * pow10s[u8(in) % 7];
+		int64_t at = now;
+		if (has[key] && u8(in) % 4 == 0)
+			at -= (int64_t)u8(in) * pow10s[u8(in) % 7];
+		uint64_t n = u8(in) % (burst + 2);
+		switch (op % 5) {
+		case 0: {
+			opname = "table_allow_at";
+			trace("table_allow_at(%" PRId64 ", key %u, %" PRIu64 ")", at, key, n);
+			bool a = tokenbucket_table_allow_at(t, at, &key, 1, n);
+			same_u64("result", a, model_allow_at(m[key], at, n));
+			has[key] |= a && n > 0;
+			break;
+		}
+		case 1: {
+			opname = "table_allow_result_at";
+			trace("table_allow_result_at(%" PRId64 ", key %u, %" PRIu64 ")", at, key, n);
+			struct tokenbucket_result res;
+			same_i64("error", tokenbucket_table_allow_result_at(t, at, &key, 1, n, &res), 0);
+			same_u64("allowed", res.allowed, model_allow_at(m[key], at, n));
+			double left = model_tokens_at(m[key], at);
+			same_u64("remaining", res.remaining, left > 0 ? (uint64_t)left : 0);
+			same_u64("limit", res.limit, burst);
+			has[key] |= res.allowed && n > 0;
+			break;
+		}
+		case 2: {
+			opname = "table_reserve_at";
+			int64_t wait = pick_wait(in);
+			trace("table_reserve_at(%" PRId64 ", key %u, %" PRIu64 ", %" PRId64 ")", at,
+			      key, n, wait);
+			struct tokenbucket_reservation a, b;
+			int ea = tokenbucket_table_reserve_at(t, at, &key, 1, n, wait, &a);
+			int eb = model_reserve_at(m[key], at, n, wait, &b);
+			same_i64("error", ea, eb);
+			if (ea == 0) {
+				same_i64("time_to_act", a.time_to_act, b.time_to_act);
+				same_u64("tokens", a.tokens, b.tokens);
+				ra[key] = a;
+				rb[key] = b;
+				has[key] |= n > 0;
+			}
+			break;
+		}
+		case 3:
+			opname = "table_cancel_at";
+			trace("table_cancel_at(key %u, %" PRId64 ")", key, at);
+			tokenbucket_table_cancel_at(t, &key, 1, &ra[key], at);
+			model_cancel_at(m[key], &rb[key], at);
+			same_u64("tokens after cancel", ra[key].tokens, rb[key].tokens);
+			break;
+		default:
+			opname = "table_tokens_at";
+			trace("table_tokens_at(%" PRId64 ", key %u)", at, key);
+			close_tokens(tokenbucket_table_tokens_at(t, at, &key, 1),
+				     model_tokens_at(m[key], at));
+			break;
+		}
+	}
+	struct tokenbucket_table_stats st;
+	same_i64("stats", tokenbucket_table_stats(t, &st), 0);
+	same_u64("refused", st.refused, 0);
+	for (int k = 0; k < TABLE_KEYS; k++)
+		model_free(m[k]);
+	tokenbucket_table_free(t);
+}
+
 static void run_input(struct input *in)
 {
 	struct run r = { 0 };
@@ -547,6 +651,10 @@ static void run_input(struct input *in)
 	int cfg = steer(in);
 	if (cfg < 0)
 		return;
+	if ((cfg & 0xe3) == 0xc3) {
+		run_table(in);
+		return;
+	}
 	unsigned flags = (cfg & 0x10) ? TOKENBUCKET_CAPPED_RELEASE : 0;
 	if ((cfg & 0xe0) == 0xe0)
 		flags |= 1u << (1 + u8(in) % 31); /* an unknown flag */
@@ -698,11 +806,14 @@ static int make_seeds(const char *dir)
 {
 	static const uint8_t configs[] = { 0x03, 0x13, 0x02, 0x12, 0x00, 0x11, 0x07, 0xf3 };
 	int written = 0;
-	for (int s = 0; s < 40; s++) {
+	for (int s = 0; s < 44; s++) {
 		uint8_t plan[64];
 		size_t n = 0;
-		plan[n++] = configs[s % sizeof(configs)];
-		if (s < 32) {
+		plan[n++] = s < 40 ? configs[s % sizeof(configs)] : 0xc3; /* 40-43: tables */
+		if (s >= 40) {
+			for (int i = 0; i < 48; i++)
+				plan[n++] = (uint8_t)((i * 3 + s) % 5);
+		} else if (s < 32) {
 			int op = s % 16;
 			static const uint8_t others[] = { 3, 8, 9, 1, 2, 3, 0, 15, 14, 3 };
 			for (size_t i = 0; i < sizeof(others); i++) {

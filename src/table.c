@@ -1,0 +1,1041 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Per-key tables: one bucket per key in a fixed array of slots, lock-free,
+ * placeable in shared memory.
+ *
+ * Every key shares the table's production P(t) = floor((t - origin) * p / q)
+ * and keeps only a tail: level(t) = min(burst, P(t) + burst - tail).  A new
+ * key gets tail <= P(t) (full), so each key is exactly a single bucket
+ * whose origin is the table's.  A slot changes hands by a claim (state
+ * version made odd), a fingerprint written under the claim, and a confirm
+ * (version made even); a taker compares-and-swaps the state it read, so a
+ * take never lands on a slot that changed hands.  docs/DESIGN.md, "Tables",
+ * gives the argument and what a crash at each step leaves.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+
+#include "table.h"
+
+/* Table handles say how their memory was obtained. */
+enum tbt_owner {
+	TBT_HEAP,   /* tokenbucket_table_create: freed with the handle */
+	TBT_PLACED, /* caller memory: left alone */
+	TBT_NAMED,  /* tokenbucket_table_open: unmapped with the handle */
+};
+
+/*
+ * A process's handle: the memory, and the constants of its header copied
+ * and checked once, so that the hot paths read private memory and a
+ * header changed behind our back cannot send an index out of bounds.
+ */
+struct tokenbucket_table {
+	struct tbt_mem *mem;
+	struct tbt_line *line;
+	uint64_t lines;
+	uint64_t p, q, burst;
+	uint64_t k0, k1;
+	int64_t hspan; /* ns from the origin to the horizon (INT64_MAX: never) */
+	unsigned flags;
+	enum tbt_owner owner;
+	size_t mapped;
+};
+
+/* Spins a caller waits for another's claim before working around it. */
+#define TBT_SPINS 64
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- State words ---------------------------------------------------------- */
+
+static inline uint64_t st_ver(uint64_t st)
+{
+	return st >> TBT_VER_SHIFT;
+}
+
+static inline bool st_claimed(uint64_t st)
+{
+	return st_ver(st) & 1;
+}
+
+static inline bool st_empty(uint64_t st)
+{
+	return st & TBT_EMPTY;
+}
+
+static inline uint64_t st_tail(uint64_t st)
+{
+	return st & TBT_TAIL_MASK;
+}
+
+/* The state after st with the version moved on by one, emptiness and tail given. */
+static inline uint64_t st_next(uint64_t st, bool empty, uint64_t tail)
+{
+	return (((st_ver(st) + 1) & 0xff) << TBT_VER_SHIFT) | (empty ? TBT_EMPTY : 0) | tail;
+}
+
+/* A take: the same version and emptiness, another tail. */
+static inline uint64_t st_with_tail(uint64_t st, uint64_t tail)
+{
+	return (st & ~TBT_TAIL_MASK) | tail;
+}
+
+/* The fingerprint word a confirmed state st must find for key fingerprint fp. */
+static inline uint64_t fp_for(uint64_t fp, uint64_t st)
+{
+	return fp | ((st_ver(st) - 1) & TBT_TAG_MASK);
+}
+
+/* ---- Production ------------------------------------------------------------ */
+
+/* Everything a call on one key works with. */
+struct tbt_call {
+	uint64_t fp;             /* the key's fingerprint, tag bits clear */
+	struct tbt_line *bucket[2]; /* its two buckets' first lines (the same if one bucket) */
+	int nc;                     /* its candidates: the slots of bucket a, then of bucket b */
+	int64_t at;              /* the table's time of the call (origin applied) */
+	int64_t origin;
+};
+
+/* Candidate i of a call: slot i % 4 of bucket i / 4 (two slots in each of its two lines). */
+static inline struct tbt_slot *cand(const struct tbt_call *c, int i)
+{
+	return &c->bucket[i / TBT_BUCKET_SLOTS][(i % TBT_BUCKET_SLOTS) / 2].slot[i % 2];
+}
+
+/* F(t) = (t - origin) * p: production in 1/q tokens. */
+static inline tb__u128 fine(const struct tokenbucket_table *t, int64_t origin, int64_t at)
+{
+	return (tb__u128)((uint64_t)at - (uint64_t)origin) * t->p;
+}
+
+/* P(t), exactly: one division, on the paths that need the level itself. */
+static inline uint64_t production(const struct tokenbucket_table *t, int64_t origin, int64_t at)
+{
+	tb__u128 f = fine(t, origin, at);
+	if (t->q == 1)
+		return (uint64_t)f;
+	return (f >> 64) == 0 ? (uint64_t)f / t->q : (uint64_t)(f / t->q);
+}
+
+/* Whether a tail is full at "at": P(at) >= tail, as F(at) >= tail * q. */
+static inline bool full_at(const struct tokenbucket_table *t, int64_t origin, int64_t at,
+			   uint64_t tail)
+{
+	return fine(t, origin, at) >= (tb__u128)tail * t->q;
+}
+
+/* The regime as the core's arithmetic (time_of, fraction) reads it. */
+static void table_view(const struct tokenbucket_table *t, int64_t origin, struct tb__view *v)
+{
+	*v = (struct tb__view){
+		.origin = origin,
+		.p = t->p,
+		.q = t->q,
+		.limit = INT64_MAX,
+		.kind = t->p ? TB__FINITE : TB__ZERO,
+		.until = TOKENBUCKET_NEVER,
+	};
+}
+
+/* The level at "at" of tail: exact, never above burst. */
+static int64_t level_of(const struct tokenbucket_table *t, int64_t origin, int64_t at,
+			uint64_t tail)
+{
+	if (full_at(t, origin, at, tail))
+		return (int64_t)t->burst;
+	return (int64_t)(production(t, origin, at) + t->burst - tail);
+}
+
+/* ---- Time ------------------------------------------------------------------- */
+
+/*
+ * The table's time of a call: the first call fixes the origin; an earlier
+ * time is read as the origin.  Returns the origin.
+ */
+static inline int64_t table_time(struct tokenbucket_table *t, int64_t now, int64_t *at)
+{
+	now = tb__time(now);
+	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
+	if (__builtin_expect(origin == TB__NO_TIME, 0)) {
+		if (atomic_compare_exchange_strong(&t->mem->header.h.origin, &origin, now))
+			origin = now;
+	}
+	*at = now < origin ? origin : now;
+	return origin;
+}
+
+/*
+ * The key's effective time: its clock moves up to at, and a time earlier
+ * than its clock is read as the clock (time never runs backwards per key).
+ * Sequentially consistent, like the bucket's clock: a state read before it
+ * was written after the clock its writer recorded.
+ */
+static inline int64_t key_time(struct tbt_slot *s, int64_t at)
+{
+	int64_t c = atomic_load(&s->clock);
+	while (at > c) {
+		if (atomic_compare_exchange_weak(&s->clock, &c, at))
+			return at;
+	}
+	return c;
+}
+
+/* Whether "at" lies past the horizon, where tails could outgrow their 55 bits. */
+static inline bool past_horizon(const struct tokenbucket_table *t, int64_t origin, int64_t at)
+{
+	return (uint64_t)at - (uint64_t)origin >= (uint64_t)t->hspan;
+}
+
+/* ---- Lookup ----------------------------------------------------------------- */
+
+static inline bool bad_key(const void *key, size_t len)
+{
+	return key == NULL && len != 0;
+}
+
+/* Hashes the key and prepares the call: candidates and the table's time. */
+static inline void call_init(struct tokenbucket_table *t, int64_t now, const void *key,
+			     size_t len, struct tbt_call *c)
+{
+	uint64_t h = tb__siphash13(t->k0, t->k1, key, len);
+	uint64_t a, b;
+	tbt_buckets_of(h, t->lines / 2, &a, &b);
+	c->fp = tbt_fingerprint(h);
+	c->bucket[0] = &t->line[2 * a];
+	c->bucket[1] = &t->line[2 * b];
+	/* The key is in either bucket: fetch all four lines at once, not one miss after another. */
+	__builtin_prefetch(c->bucket[0], 1);
+	__builtin_prefetch(c->bucket[0] + 1, 1);
+	__builtin_prefetch(c->bucket[1], 1);
+	__builtin_prefetch(c->bucket[1] + 1, 1);
+	c->nc = a == b ? TBT_BUCKET_SLOTS : TBT_CANDIDATES;
+	c->origin = table_time(t, now, &c->at);
+}
+
+/*
+ * The key's slot, with the state read (acquire, before the fingerprint: a
+ * fingerprint read after an even state belongs to it if that state is still
+ * there when the caller compares-and-swaps it).  NULL if the key has none.
+ */
+static inline __attribute__((always_inline)) struct tbt_slot *find(const struct tbt_call *c,
+								   uint64_t *state)
+{
+	for (int i = 0; i < c->nc; i++) {
+		struct tbt_slot *s = cand(c, i);
+		uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+		if (st_claimed(st) || st_empty(st))
+			continue;
+		if (atomic_load_explicit(&s->fp, memory_order_acquire) == fp_for(c->fp, st)) {
+			*state = st;
+			return s;
+		}
+	}
+	return NULL;
+}
+
+/*
+ * Ends a claim without a key: the slot is empty (and full, whatever its
+ * tail).  A claim keeps the emptiness of the slot it took: if the slot held
+ * a key, that key is gone, and the keys in use are one fewer.
+ */
+static bool void_claim(struct tbt_counters *k, struct tbt_slot *s, uint64_t claimed)
+{
+	if (!atomic_compare_exchange_strong(&s->state, &claimed,
+					    st_next(claimed, true, st_tail(claimed))))
+		return false;
+	if (!st_empty(claimed))
+		atomic_fetch_sub_explicit(&k->in_use, 1, memory_order_relaxed);
+	return true;
+}
+
+/* What a slot is worth to a new key. */
+/*
+ * What a slot is worth to a new key, best first: an empty slot, in the
+ * emptier bucket first (two choices balance only so); then one whose key
+ * is full (reused without loss); then one whose key is not
+ * (TOKENBUCKET_TABLE_EVICT only); claimed slots are worth nothing.
+ */
+enum tbt_worth {
+	TBT_FREE = 0, /* + the slots of its bucket in use, 0 to 3 */
+	TBT_LOSSLESS = TBT_BUCKET_SLOTS,
+	TBT_LOSSY,
+	TBT_BUSY,
+};
+
+/*
+ * After our claim of slot i carries the key's fingerprint: every other
+ * candidate is checked for the same key (seq_cst, after our fingerprint
+ * store: of two callers inserting one key, at least one sees the other).
+ * Another's claim for the key is voided; a confirmed slot for it means we
+ * give way.  Returns true if we may confirm.
+ */
+static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
+{
+	for (int j = 0; j < c->nc; j++) {
+		if (j == mine)
+			continue;
+		struct tbt_slot *s = cand(c, j);
+		for (;;) {
+			uint64_t st = atomic_load(&s->state);
+			uint64_t f = atomic_load(&s->fp);
+			if ((f & ~TBT_TAG_MASK) != c->fp)
+				break;
+			if (!st_claimed(st)) {
+				if (!st_empty(st) && f == fp_for(c->fp, st))
+					return false; /* confirmed for the key: give way */
+				break;
+			}
+			/* A claim keeps the emptiness of the slot it took: it counts either way. */
+			if ((f & TBT_TAG_MASK) != st_ver(st))
+				break; /* a claim for another key, its fingerprint not written yet */
+			if (void_claim(k, s, st))
+				break;
+		}
+	}
+	return true;
+}
+
+/*
+ * Gives the key a slot, at the call's time: a free slot, else one whose key
+ * is full, else (TOKENBUCKET_TABLE_EVICT) the fullest.  Returns the slot
+ * with its confirmed state, or NULL when the policy refuses (counted).
+ * The key is full in its new slot: its tail is at most P(at).
+ */
+static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, uint64_t *state)
+{
+	struct tbt_counters *k = &t->mem->counters;
+	int spins = 0;
+	for (;;) {
+		int best = -1, busy = -1;
+		enum tbt_worth worth = TBT_BUSY;
+		uint64_t best_st = 0, best_fp = 0, busy_st = 0;
+		bool pending = false;
+		uint64_t sts[TBT_CANDIDATES], fps[TBT_CANDIDATES];
+		int in_use[2] = {0, 0};
+		for (int i = 0; i < c->nc; i++) {
+			sts[i] = atomic_load(&cand(c, i)->state);
+			fps[i] = atomic_load(&cand(c, i)->fp);
+			in_use[i / TBT_BUCKET_SLOTS] += !st_empty(sts[i]) || st_claimed(sts[i]);
+		}
+		for (int i = 0; i < c->nc; i++) {
+			struct tbt_slot *s = cand(c, i);
+			uint64_t st = sts[i], f = fps[i];
+			enum tbt_worth w;
+			if (st_claimed(st)) {
+				pending |= f == (c->fp | st_ver(st));
+				busy = i;
+				busy_st = st;
+				continue;
+			}
+			if (st_empty(st)) {
+				w = (enum tbt_worth)(TBT_FREE + in_use[i / TBT_BUCKET_SLOTS]);
+			} else if (f == fp_for(c->fp, st)) {
+				*state = st; /* someone else inserted it */
+				return s;
+			} else {
+				w = full_at(t, c->origin, c->at, st_tail(st)) ? TBT_LOSSLESS
+									      : TBT_LOSSY;
+			}
+			/* The best worth; among equals the fullest (smallest tail). */
+			if (best < 0 || w < worth || (w == worth && st_tail(st) < st_tail(best_st))) {
+				best = i;
+				worth = w;
+				best_st = st;
+				best_fp = f;
+			}
+		}
+		if (pending && spins < TBT_SPINS) {
+			/* Another caller is inserting this key: let it finish. */
+			spins++;
+			cpu_relax();
+			continue;
+		}
+		if (best < 0 || (worth == TBT_LOSSY && !(t->flags & TOKENBUCKET_TABLE_EVICT))) {
+			if (busy >= 0) {
+				if (spins++ < TBT_SPINS) {
+					cpu_relax();
+					continue;
+				}
+				/*
+				 * A claim that outlasts our patience may be a dead
+				 * process's: void it (a live claimer then fails its
+				 * confirm and starts again).
+				 */
+				void_claim(k, cand(c, busy), busy_st);
+				spins = 0;
+				continue;
+			}
+			atomic_fetch_add_explicit(&k->refused, 1, memory_order_relaxed);
+			return NULL;
+		}
+		struct tbt_slot *s = cand(c, best);
+		uint64_t claimed = st_next(best_st, st_empty(best_st), st_tail(best_st));
+		if (!atomic_compare_exchange_strong(&s->state, &best_st, claimed))
+			continue;
+		/* One counter per insert: a key replaced leaves the keys in use as they are. */
+		if (worth >= TBT_LOSSLESS)
+			atomic_fetch_add_explicit(worth == TBT_LOSSLESS ? &k->lossless : &k->lossy, 1,
+						  memory_order_relaxed);
+		/*
+		 * The fingerprint changes only from the value read before the
+		 * claim: a claimer that lost its claim (voided) cannot write over
+		 * the next owner's, whose tag differs.
+		 */
+		if (!atomic_compare_exchange_strong(&s->fp, &best_fp, c->fp | st_ver(claimed))) {
+			void_claim(k, s, claimed);
+			continue;
+		}
+		atomic_store(&s->clock, c->at);
+		if (!rescan(k, c, best)) {
+			void_claim(k, s, claimed);
+			continue; /* the key was confirmed elsewhere: the next pass finds it */
+		}
+		uint64_t tail = st_tail(claimed);
+		if (!full_at(t, c->origin, c->at, tail))
+			tail = production(t, c->origin, c->at);
+		uint64_t confirmed = st_next(claimed, false, tail);
+		if (!atomic_compare_exchange_strong(&s->state, &claimed, confirmed))
+			continue; /* voided by someone else: start again */
+		if (st_empty(claimed))
+			atomic_fetch_add_explicit(&k->in_use, 1, memory_order_relaxed);
+		*state = confirmed;
+		return s;
+	}
+}
+
+/* ---- Takes ------------------------------------------------------------------ */
+
+/* What a take decided, for the result. */
+struct tbt_outcome {
+	bool allowed;
+	bool no_bucket;
+	int64_t at;      /* the key's effective time */
+	int64_t level;   /* the level after the decision (exact only when asked for) */
+	int64_t origin;
+};
+
+/*
+ * The take of allow: n tokens if the level at the key's time reaches n.
+ * exact asks for the level after (one division); a plain allow divides
+ * only when it drops what lies above burst.  0, or -ERANGE past the horizon.
+ */
+static inline __attribute__((always_inline)) int take(struct tokenbucket_table *t,
+							      struct tbt_call *c, uint64_t n,
+							      bool exact, struct tbt_outcome *o)
+{
+	uint64_t st;
+	struct tbt_slot *s;
+again:
+	s = find(c, &st);
+	if (s == NULL) {
+		if (n == 0) {
+			/* A key with no bucket is full: nothing to record. */
+			o->allowed = true;
+			o->at = c->at;
+			o->level = (int64_t)t->burst;
+			return 0;
+		}
+		s = insert(t, c, &st);
+		if (s == NULL) {
+			o->allowed = t->flags & TOKENBUCKET_TABLE_FAIL_OPEN;
+			o->no_bucket = true;
+			o->at = c->at;
+			o->level = (int64_t)t->burst;
+			return 0;
+		}
+	}
+	for (;;) {
+		int64_t at = key_time(s, c->at);
+		if (past_horizon(t, c->origin, at))
+			return -ERANGE;
+		uint64_t tail = st_tail(st), base = tail;
+		tb__u128 f = fine(t, c->origin, at);
+		bool ok;
+		if (f >= (tb__u128)tail * t->q) {
+			base = production(t, c->origin, at); /* full: drop what lies above burst */
+			ok = true;
+		} else {
+			ok = tail + n <= t->burst || f >= (tb__u128)(tail + n - t->burst) * t->q;
+		}
+		o->at = at;
+		uint64_t seen = st;
+		if (ok) {
+			uint64_t after = st_with_tail(st, base + n);
+			if (after == st || atomic_compare_exchange_strong(&s->state, &st, after)) {
+				o->allowed = true;
+				if (exact)
+					o->level = level_of(t, c->origin, at, base + n);
+				return 0;
+			}
+		} else {
+			/* Refused only on the state and time it was decided on. */
+			st = atomic_load_explicit(&s->state, memory_order_acquire);
+			if (st == seen && atomic_load(&s->clock) == at) {
+				o->allowed = false;
+				if (exact)
+					o->level = level_of(t, c->origin, at, tail);
+				return 0;
+			}
+		}
+		if (st_ver(st) != st_ver(seen) || st_claimed(st) || st_empty(st))
+			goto again; /* the slot changed hands: find the key again */
+	}
+}
+
+bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now, const void *key,
+				size_t len, uint64_t n)
+{
+	if (t == NULL || bad_key(key, len) || n > t->burst)
+		return false;
+	struct tbt_call c;
+	call_init(t, now, key, len, &c);
+	struct tbt_outcome o = {0};
+	return !past_horizon(t, c.origin, c.at) && take(t, &c, n, false, &o) == 0 && o.allowed;
+}
+
+bool tokenbucket_table_allow(struct tokenbucket_table *t, const void *key, size_t len, uint64_t n)
+{
+	return tokenbucket_table_allow_at(t, tb__now(), key, len, n);
+}
+
+int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, const void *key,
+				      size_t len, uint64_t n, struct tokenbucket_result *res)
+{
+	if (t == NULL || res == NULL || bad_key(key, len))
+		return -EINVAL;
+	struct tbt_call c;
+	call_init(t, now, key, len, &c);
+	struct tbt_outcome o = {0};
+	if (n > t->burst) {
+		/* Refused at once; the report is at now, which the key sees (as tokens_at). */
+		uint64_t st;
+		struct tbt_slot *s = find(&c, &st);
+		o.at = s ? key_time(s, c.at) : c.at;
+		if (past_horizon(t, c.origin, o.at))
+			return -ERANGE;
+		o.level = (int64_t)t->burst;
+		if (s) {
+			uint64_t again = atomic_load_explicit(&s->state, memory_order_acquire);
+			if (st_ver(again) == st_ver(st) && !st_claimed(again))
+				st = again;
+			o.level = level_of(t, c.origin, o.at, st_tail(st));
+		}
+	} else {
+		int err = past_horizon(t, c.origin, c.at) ? -ERANGE : take(t, &c, n, true, &o);
+		if (err)
+			return err;
+	}
+	struct tb__view v;
+	table_view(t, c.origin, &v);
+	tb__result(&v, o.at, n, t->burst, o.allowed, o.level, res);
+	if (o.no_bucket) {
+		res->flags |= TOKENBUCKET_RESULT_NO_BUCKET;
+		/* Refused for want of a slot: one frees within the time a bucket refills. */
+		if (!o.allowed)
+			res->retry_after_ns = tb__duration(&v, t->burst);
+	}
+	return 0;
+}
+
+int tokenbucket_table_allow_result(struct tokenbucket_table *t, const void *key, size_t len,
+				   uint64_t n, struct tokenbucket_result *res)
+{
+	return tokenbucket_table_allow_result_at(t, tb__now(), key, len, n, res);
+}
+
+int tokenbucket_table_reserve_at(struct tokenbucket_table *t, int64_t now, const void *key,
+				 size_t len, uint64_t n, int64_t max_wait,
+				 struct tokenbucket_reservation *r)
+{
+	if (t == NULL || r == NULL || bad_key(key, len))
+		return -EINVAL;
+	if (n > t->burst)
+		return -E2BIG;
+	struct tbt_call c;
+	call_init(t, now, key, len, &c);
+	if (past_horizon(t, c.origin, c.at))
+		return -ERANGE;
+	uint64_t st;
+	struct tbt_slot *s;
+again:
+	s = find(&c, &st);
+	if (s == NULL) {
+		/* A key with no bucket is full: nothing to take for 0 tokens, no wait. */
+		if (n == 0 && max_wait >= 0) {
+			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
+			return 0;
+		}
+		if (n == 0)
+			return -ETIMEDOUT;
+		s = insert(t, &c, &st);
+		if (s == NULL) {
+			if (!(t->flags & TOKENBUCKET_TABLE_FAIL_OPEN))
+				return -EBUSY;
+			if (max_wait < 0)
+				return -ETIMEDOUT;
+			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
+			return 0;
+		}
+	}
+	struct tb__view v;
+	table_view(t, c.origin, &v);
+	for (;;) {
+		int64_t at = key_time(s, c.at);
+		if (past_horizon(t, c.origin, at))
+			return -ERANGE;
+		uint64_t tail = st_tail(st);
+		bool full = full_at(t, c.origin, at, tail);
+		uint64_t base = full ? production(t, c.origin, at) : tail;
+		int64_t level = full ? (int64_t)t->burst : level_of(t, c.origin, at, tail);
+		int64_t debt = (int64_t)n - level, act = at, wait = 0;
+		int err = 0;
+		if (debt > 0) {
+			if ((uint64_t)debt > TOKENBUCKET_TABLE_DEBT_MAX) {
+				err = -EOVERFLOW;
+			} else {
+				act = tb__time_of(&v, at, (uint64_t)debt);
+				uint64_t span = (uint64_t)act - (uint64_t)at;
+				wait = act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER
+					       ? TOKENBUCKET_NEVER
+					       : (int64_t)span;
+			}
+		}
+		if (!err && wait > max_wait)
+			err = -ETIMEDOUT;
+		uint64_t seen = st;
+		if (err) {
+			st = atomic_load_explicit(&s->state, memory_order_acquire);
+			if (st == seen && atomic_load(&s->clock) == at)
+				return err;
+		} else {
+			uint64_t after = st_with_tail(st, base + n);
+			if (after == st || atomic_compare_exchange_strong(&s->state, &st, after)) {
+				*r = (struct tokenbucket_reservation){
+					.time_to_act = act,
+					.tokens = n,
+					.ticket = base + n,
+				};
+				return 0;
+			}
+		}
+		if (st_ver(st) != st_ver(seen) || st_claimed(st) || st_empty(st))
+			goto again;
+	}
+}
+
+int tokenbucket_table_reserve(struct tokenbucket_table *t, const void *key, size_t len,
+			      uint64_t n, int64_t max_wait, struct tokenbucket_reservation *r)
+{
+	return tokenbucket_table_reserve_at(t, tb__now(), key, len, n, max_wait, r);
+}
+
+void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, size_t len,
+				 struct tokenbucket_reservation *r, int64_t now)
+{
+	if (t == NULL || r == NULL || bad_key(key, len))
+		return;
+	uint64_t n = r->tokens;
+	r->tokens = 0;
+	if (n == 0)
+		return;
+	struct tbt_call c;
+	call_init(t, now, key, len, &c);
+	uint64_t st;
+	struct tbt_slot *s = find(&c, &st);
+	if (s == NULL)
+		return; /* no bucket: the key is full */
+	for (;;) {
+		int64_t at = key_time(s, c.at);
+		if (past_horizon(t, c.origin, at) || at > r->time_to_act)
+			return; /* too late: the tokens were used */
+		uint64_t tail = st_tail(st);
+		if (full_at(t, c.origin, at, tail))
+			return; /* nothing fits under burst */
+		uint64_t floor_tail = production(t, c.origin, at);
+		uint64_t back = tail - floor_tail > n ? tail - n : floor_tail;
+		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, back)))
+			return;
+		if (st_claimed(st) || st_empty(st) ||
+		    atomic_load(&s->fp) != fp_for(c.fp, st))
+			return; /* the slot changed hands: the key's bucket is gone, full */
+	}
+}
+
+void tokenbucket_table_cancel(struct tokenbucket_table *t, const void *key, size_t len,
+			      struct tokenbucket_reservation *r)
+{
+	tokenbucket_table_cancel_at(t, key, len, r, tb__now());
+}
+
+/* tokens_at's arithmetic: the level with the fraction of a token, as the bucket reports it. */
+static double tokens_of(const struct tokenbucket_table *t, int64_t origin, int64_t at,
+			uint64_t tail)
+{
+	int64_t level = level_of(t, origin, at, tail);
+	if (level >= (int64_t)t->burst || t->p == 0)
+		return (double)level;
+	uint64_t rem = (uint64_t)(fine(t, origin, at) % t->q);
+	if (rem == 0)
+		return (double)level;
+	return (double)((long double)level + (long double)rem / (long double)t->q);
+}
+
+double tokenbucket_table_tokens_at(struct tokenbucket_table *t, int64_t now, const void *key,
+				   size_t len)
+{
+	if (t == NULL || bad_key(key, len))
+		return NAN;
+	struct tbt_call c;
+	call_init(t, now, key, len, &c);
+	uint64_t st;
+	struct tbt_slot *s = find(&c, &st);
+	if (s == NULL)
+		return past_horizon(t, c.origin, c.at) ? NAN : (double)t->burst;
+	int64_t at = key_time(s, c.at);
+	if (past_horizon(t, c.origin, at))
+		return NAN;
+	/* The state read after the clock: no older than any take at that time. */
+	uint64_t again = atomic_load_explicit(&s->state, memory_order_acquire);
+	if (st_ver(again) == st_ver(st) && !st_claimed(again))
+		st = again;
+	return tokens_of(t, c.origin, at, st_tail(st));
+}
+
+double tokenbucket_table_tokens(struct tokenbucket_table *t, const void *key, size_t len)
+{
+	return tokenbucket_table_tokens_at(t, tb__now(), key, len);
+}
+
+/* ---- Inspection ------------------------------------------------------------- */
+
+int tokenbucket_table_next(struct tokenbucket_table *t, uint64_t *cursor, int64_t now,
+			   struct tokenbucket_table_entry *e)
+{
+	if (t == NULL || cursor == NULL || e == NULL)
+		return -EINVAL;
+	int64_t origin = atomic_load(&t->mem->header.h.origin);
+	for (uint64_t i = *cursor; i < t->lines * 2; i++) {
+		struct tbt_slot *s = &t->line[i / 2].slot[i % 2];
+		uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
+		if (st_claimed(st) || st_empty(st))
+			continue;
+		uint64_t f = atomic_load_explicit(&s->fp, memory_order_acquire);
+		int64_t clock = atomic_load(&s->clock);
+		if (atomic_load(&s->state) != st || (f & TBT_TAG_MASK) != ((st_ver(st) - 1) & 0xff))
+			continue;
+		int64_t at = tb__time(now);
+		if (at < clock)
+			at = clock;
+		double tokens = (double)t->burst;
+		if (origin != TB__NO_TIME && at >= origin)
+			tokens = past_horizon(t, origin, at) ? NAN
+							     : tokens_of(t, origin, at, st_tail(st));
+		*e = (struct tokenbucket_table_entry){
+			.fingerprint = f >> 8,
+			.clock = clock,
+			.tokens = tokens,
+		};
+		*cursor = i + 1;
+		return 0;
+	}
+	*cursor = t->lines * 2;
+	return -ENOENT;
+}
+
+int tokenbucket_table_stats(struct tokenbucket_table *t, struct tokenbucket_table_stats *s)
+{
+	if (t == NULL || s == NULL)
+		return -EINVAL;
+	struct tbt_counters *k = &t->mem->counters;
+	*s = (struct tokenbucket_table_stats){
+		.capacity = t->lines * 2,
+		.in_use = atomic_load(&k->in_use),
+		.lossless = atomic_load(&k->lossless),
+		.lossy = atomic_load(&k->lossy),
+		.refused = atomic_load(&k->refused),
+	};
+	return 0;
+}
+
+/* ---- Life cycle --------------------------------------------------------------- */
+
+size_t tokenbucket_table_size(uint64_t capacity)
+{
+	if (capacity == 0 || capacity > TOKENBUCKET_TABLE_CAPACITY_MAX)
+		return 0;
+	return offsetof(struct tbt_mem, line) + (size_t)tbt_lines(capacity) * sizeof(struct tbt_line);
+}
+
+/* The table's configuration, checked. */
+struct tbt_config {
+	uint64_t p, q, burst, capacity;
+	unsigned flags;
+};
+
+/* The ns from the origin until production reaches TBT_HORIZON (INT64_MAX: never). */
+static int64_t horizon_span(uint64_t p, uint64_t q)
+{
+	if (p == 0)
+		return INT64_MAX;
+	tb__u128 d = ((tb__u128)TBT_HORIZON * q + p - 1) / p;
+	return d >= (tb__u128)INT64_MAX ? INT64_MAX : (int64_t)d;
+}
+
+/* Horizons shorter than this (about 13 days) are refused: the rate is too fast. */
+#define TBT_HORIZON_MIN (INT64_C(1) << 50)
+
+static int config_check(struct tbt_config *k, uint64_t tokens, int64_t period_ns, uint64_t burst,
+			uint64_t capacity, unsigned flags)
+{
+	if (capacity == 0 || (tokens > 0 && period_ns <= 0) ||
+	    (flags & ~(TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT)) ||
+	    flags == (TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT))
+		return -EINVAL;
+	if (burst > TOKENBUCKET_TABLE_BURST_MAX || capacity > TOKENBUCKET_TABLE_CAPACITY_MAX)
+		return -ERANGE;
+	tb__ratio_from_every(tokens, period_ns, &k->p, &k->q);
+	if (horizon_span(k->p, k->q) < TBT_HORIZON_MIN)
+		return -ERANGE;
+	k->burst = burst;
+	k->capacity = capacity;
+	k->flags = flags;
+	return 0;
+}
+
+static int secret(uint64_t key[2])
+{
+	size_t got = 0;
+	while (got < 2 * sizeof(uint64_t)) {
+		ssize_t r = getrandom((char *)key + got, 2 * sizeof(uint64_t) - got, 0);
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		got += (size_t)r;
+	}
+	return 0;
+}
+
+/* Initialises a table in mem (size checked by the caller); ready is stored last. */
+static int table_init(struct tbt_mem *m, const struct tbt_config *k)
+{
+	uint64_t key[2];
+	int err = secret(key);
+	if (err)
+		return err;
+	uint64_t lines = tbt_lines(k->capacity);
+	atomic_store_explicit(&m->header.h.ready, 0, memory_order_relaxed);
+	memset(&m->counters, 0, sizeof(m->counters));
+	for (uint64_t i = 0; i < lines; i++) {
+		for (int j = 0; j < 2; j++) {
+			struct tbt_slot *s = &m->line[i].slot[j];
+			atomic_store_explicit(&s->fp, 0, memory_order_relaxed);
+			atomic_store_explicit(&s->state, TBT_EMPTY, memory_order_relaxed);
+			atomic_store_explicit(&s->clock, TB__NO_TIME, memory_order_relaxed);
+			s->reserved = 0;
+		}
+	}
+	struct tbt_header *h = &m->header.h;
+	h->magic = TBT_MAGIC;
+	h->layout = TBT_LAYOUT;
+	h->major = TOKENBUCKET_VERSION_MAJOR;
+	h->header_size = offsetof(struct tbt_mem, line);
+	h->line_size = sizeof(struct tbt_line);
+	h->flags = k->flags;
+	h->lines = lines;
+	h->capacity = k->capacity;
+	h->p = k->p;
+	h->q = k->q;
+	h->burst = k->burst;
+	h->k0 = key[0];
+	h->k1 = key[1];
+	atomic_store_explicit(&h->origin, TB__NO_TIME, memory_order_relaxed);
+	atomic_store_explicit(&h->ready, TBT_READY, memory_order_release);
+	return 0;
+}
+
+/*
+ * The header's checks: what is not a table, another layout, a table not
+ * initialised yet, then a configuration no table can have.  Slots need no
+ * check: any word there yields a defined state (docs/DESIGN.md).
+ */
+static int table_check(const struct tbt_mem *m, size_t size)
+{
+	const struct tbt_header *h = &m->header.h;
+	if (size < sizeof(struct tbt_header) || h->magic != TBT_MAGIC)
+		return -EBADMSG;
+	if (h->layout != TBT_LAYOUT || h->major != TOKENBUCKET_VERSION_MAJOR ||
+	    h->header_size != offsetof(struct tbt_mem, line) ||
+	    h->line_size != sizeof(struct tbt_line))
+		return -EPROTO;
+	if (atomic_load_explicit(&h->ready, memory_order_acquire) != TBT_READY)
+		return -EAGAIN;
+	if (h->capacity == 0 || h->capacity > TOKENBUCKET_TABLE_CAPACITY_MAX ||
+	    h->lines != tbt_lines(h->capacity) || size < tokenbucket_table_size(h->capacity) ||
+	    h->burst > TOKENBUCKET_TABLE_BURST_MAX ||
+	    (h->flags & ~(TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT)) ||
+	    h->flags == (TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT) || h->q == 0 ||
+	    (h->p == 0 && h->q != 1) || horizon_span(h->p, h->q) < TBT_HORIZON_MIN)
+		return -EBADMSG;
+	return 0;
+}
+
+/* A handle on checked memory; the constants are copied from the header once. */
+static int handle(struct tokenbucket_table **tp, struct tbt_mem *m, enum tbt_owner owner,
+		  size_t mapped)
+{
+	struct tokenbucket_table *t = malloc(sizeof(*t));
+	if (t == NULL)
+		return -ENOMEM;
+	const struct tbt_header *h = &m->header.h;
+	*t = (struct tokenbucket_table){
+		.mem = m,
+		.line = m->line,
+		.lines = h->lines,
+		.p = h->p,
+		.q = h->q,
+		.burst = h->burst,
+		.k0 = h->k0,
+		.k1 = h->k1,
+		.hspan = horizon_span(h->p, h->q),
+		.flags = h->flags,
+		.owner = owner,
+		.mapped = mapped,
+	};
+	*tp = t;
+	return 0;
+}
+
+int tokenbucket_table_create(struct tokenbucket_table **tp, uint64_t tokens, int64_t period_ns,
+			     uint64_t burst, uint64_t capacity, unsigned flags)
+{
+	struct tbt_config k;
+	if (tp == NULL)
+		return -EINVAL;
+	int err = config_check(&k, tokens, period_ns, burst, capacity, flags);
+	if (err)
+		return err;
+	size_t size = tokenbucket_table_size(capacity);
+	struct tbt_mem *m = aligned_alloc(TOKENBUCKET_TABLE_ALIGN, size);
+	if (m == NULL)
+		return -ENOMEM;
+	err = table_init(m, &k);
+	if (err == 0)
+		err = handle(tp, m, TBT_HEAP, 0);
+	if (err)
+		free(m);
+	return err;
+}
+
+static bool table_aligned(const void *mem)
+{
+	return ((uintptr_t)mem & (TOKENBUCKET_TABLE_ALIGN - 1)) == 0;
+}
+
+int tokenbucket_table_init_shared(struct tokenbucket_table **tp, void *mem, size_t size,
+				  uint64_t tokens, int64_t period_ns, uint64_t burst,
+				  uint64_t capacity, unsigned flags)
+{
+	struct tbt_config k;
+	if (tp == NULL || mem == NULL || !table_aligned(mem))
+		return -EINVAL;
+	int err = config_check(&k, tokens, period_ns, burst, capacity, flags);
+	if (err)
+		return err;
+	if (size < tokenbucket_table_size(capacity))
+		return -EINVAL;
+	if (!tb__atomics_shareable())
+		return -ENOTSUP;
+	err = table_init(mem, &k);
+	return err ? err : handle(tp, mem, TBT_PLACED, 0);
+}
+
+int tokenbucket_table_attach_shared(struct tokenbucket_table **tp, void *mem, size_t size)
+{
+	if (tp == NULL || mem == NULL || !table_aligned(mem))
+		return -EINVAL;
+	if (!tb__atomics_shareable())
+		return -ENOTSUP;
+	int err = table_check(mem, size);
+	return err ? err : handle(tp, mem, TBT_PLACED, 0);
+}
+
+static int table_init_cb(void *map, void *arg)
+{
+	return table_init(map, arg);
+}
+
+static int table_check_cb(const void *map, size_t have, void *arg)
+{
+	(void)arg;
+	return table_check(map, have);
+}
+
+int tokenbucket_table_open(struct tokenbucket_table **tp, const char *name, uint64_t tokens,
+			   int64_t period_ns, uint64_t burst, uint64_t capacity, unsigned flags,
+			   unsigned mode, unsigned *status)
+{
+	struct tbt_config k;
+	char path[TB__PATH_SIZE];
+	if (tp == NULL || mode > 0777)
+		return -EINVAL;
+	int err = tb__shm_path(name, path, sizeof(path));
+	if (err == 0)
+		err = config_check(&k, tokens, period_ns, burst, capacity, flags);
+	if (err)
+		return err;
+	if (!tb__atomics_shareable())
+		return -ENOTSUP;
+	const struct tb__shm_ops ops = {
+		.map_size = 0,
+		.create_size = tokenbucket_table_size(capacity),
+		.min_size = sizeof(struct tbt_header),
+		.init = table_init_cb,
+		.check = table_check_cb,
+		.arg = &k,
+	};
+	void *map;
+	size_t mapped;
+	bool created;
+	err = tb__shm_open(name, mode, &ops, &map, &mapped, &created);
+	if (err)
+		return err;
+	err = handle(tp, map, TBT_NAMED, mapped);
+	if (err) {
+		munmap(map, mapped);
+		return err;
+	}
+	if (status) {
+		const struct tbt_header *h = &((struct tbt_mem *)map)->header.h;
+		*status = created ? TOKENBUCKET_OPEN_CREATED
+			  : h->p == k.p && h->q == k.q && h->burst == k.burst &&
+					  h->capacity == k.capacity && h->flags == k.flags
+				  ? 0
+				  : TOKENBUCKET_OPEN_DIFFERS;
+	}
+	return 0;
+}
+
+void tokenbucket_table_free(struct tokenbucket_table *t)
+{
+	if (t == NULL)
+		return;
+	if (t->owner == TBT_HEAP)
+		free(t->mem);
+	else if (t->owner == TBT_NAMED)
+		munmap(t->mem, t->mapped);
+	free(t);
+}

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The per-key table's memory layout and the helpers its tests share.
+ * docs/DESIGN.md ("Tables") explains the protocol; the comments here state
+ * what each word promises.
+ *
+ * Memory: a header (128 bytes), a counters line, then `lines` cache lines of
+ * two 32-byte slots, paired into buckets of four slots (128 bytes, aligned).
+ * A key hashes (SipHash-1-3, the table's secret) to a 56-bit fingerprint
+ * and two buckets; it lives in one of their eight slots.
+ * Every word is an 8-byte atomic holding no pointer, so a table works in
+ * memory shared between processes at any address.
+ */
+#ifndef TOKENBUCKET_TABLE_H
+#define TOKENBUCKET_TABLE_H
+
+#include "internal.h"
+
+/* "TBTABLE\0" read as a little-endian word. */
+#define TBT_MAGIC UINT64_C(0x00454c4241544254)
+/* The layout of header, counters and slots; raised whenever any changes. */
+#define TBT_LAYOUT 1
+/* The last word initialisation writes. */
+#define TBT_READY UINT32_C(0x52454459)
+
+/*
+ * A slot's state word: [version:8 | empty:1 | tail:55].  The version is odd
+ * while the slot is claimed (being given to a new key); every claim and every
+ * end of a claim (confirm or void) moves it on, so a taker's CAS against the
+ * state it read fails if the slot changed hands meanwhile.  The tail counts,
+ * in tokens, what the key has taken plus what was dropped above burst, with
+ * level(t) = min(burst, P(t) + burst - tail) on the table's production P.
+ */
+#define TBT_VER_SHIFT 56
+#define TBT_EMPTY (UINT64_C(1) << 55)
+#define TBT_TAIL_MASK (TBT_EMPTY - 1)
+/* Production past this many tokens since the origin is the table's horizon. */
+#define TBT_HORIZON (UINT64_C(1) << 54)
+/* The fingerprint word: [fingerprint:56 | version of the claim that wrote it:8]. */
+#define TBT_TAG_MASK UINT64_C(0xff)
+
+/* Slots a key may live in: two buckets of TBT_BUCKET_SLOTS (two lines each). */
+#define TBT_BUCKET_SLOTS 4
+#define TBT_CANDIDATES (2 * TBT_BUCKET_SLOTS)
+
+struct tbt_slot {
+	_Atomic uint64_t fp;      /* fingerprint and claim tag; meaningful while state is even, not empty */
+	_Atomic uint64_t state;   /* version, empty, tail */
+	_Atomic int64_t clock;    /* the key's latest time: its calls never run backwards */
+	uint64_t reserved;        /* zero */
+};
+
+struct tbt_line {
+	alignas(64) struct tbt_slot slot[2];
+};
+
+/* Lines a table of capacity slots has: whole buckets. */
+static inline uint64_t tbt_lines(uint64_t capacity)
+{
+	return (capacity + TBT_BUCKET_SLOTS - 1) / TBT_BUCKET_SLOTS * 2;
+}
+
+struct tbt_header {
+	uint64_t magic;
+	_Atomic uint32_t ready;    /* TBT_READY once everything behind it is initialised */
+	uint32_t layout;           /* TBT_LAYOUT */
+	uint32_t major;            /* TOKENBUCKET_VERSION_MAJOR of the initialiser */
+	uint32_t header_size;      /* offsetof(struct tbt_mem, line) */
+	uint32_t line_size;        /* sizeof(struct tbt_line) */
+	uint32_t flags;            /* the policy flags */
+	uint64_t lines;            /* lines of slots behind the counters */
+	uint64_t capacity;         /* slots asked for (lines * 2 is capacity rounded up to 4) */
+	uint64_t p, q;             /* p tokens every q ns, lowest terms; 0/1 for rate 0 */
+	uint64_t burst;
+	uint64_t k0, k1;           /* the SipHash secret, from getrandom(2) */
+	_Atomic int64_t origin;    /* the first time any call passed; TB__NO_TIME before */
+};
+
+/* Statistics, written on the insert paths only (never by a warm take). */
+struct tbt_counters {
+	alignas(128) _Atomic uint64_t in_use;
+	_Atomic uint64_t lossless;
+	_Atomic uint64_t lossy;
+	_Atomic uint64_t refused;
+};
+
+struct tbt_mem {
+	union {
+		struct tbt_header h;
+		alignas(128) unsigned char pad[128];
+	} header;
+	struct tbt_counters counters;
+	struct tbt_line line[];
+};
+
+_Static_assert(sizeof(struct tbt_header) <= 128, "the header fits its two lines");
+_Static_assert(sizeof(struct tbt_line) == 64, "a line is one cache line");
+
+/* SipHash-1-3 of len bytes at data under the secret (k0, k1). */
+uint64_t tb__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len);
+
+/*
+ * The two buckets of a hash among `buckets` (at most 2^30): bits independent
+ * of the fingerprint's choose them (a bijective mix of all 64), and the
+ * second differs from the first whenever there are two buckets.
+ */
+static inline void tbt_buckets_of(uint64_t h, uint64_t buckets, uint64_t *a, uint64_t *b)
+{
+	uint64_t m = h ^ (h >> 33);
+	m *= UINT64_C(0xff51afd7ed558ccd);
+	m ^= m >> 33;
+	m *= UINT64_C(0xc4ceb9fe1a85ec53);
+	m ^= m >> 33;
+	*a = ((m >> 32) * buckets) >> 32;
+	*b = ((m & 0xffffffff) * buckets) >> 32;
+	if (*b == *a && buckets > 1)
+		*b = *a + 1 == buckets ? 0 : *a + 1;
+}
+
+/* The fingerprint a hash gives (the tag bits clear). */
+static inline uint64_t tbt_fingerprint(uint64_t h)
+{
+	return h & ~TBT_TAG_MASK;
+}
+
+#endif /* TOKENBUCKET_TABLE_H */
