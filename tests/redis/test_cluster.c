@@ -5,7 +5,7 @@
  * and stops by pid.  CK_RUN_SUITE picks one suite:
  *   cluster-diff         exactness over all three primaries, slots as Redis computes them
  *   cluster-reshard      a hot slot migrated while 8 threads hammer its keys
- *   cluster-failover     a primary SIGKILLed under load; a manual CLUSTER FAILOVER
+ *   cluster-failover     a manual CLUSTER FAILOVER, then a primary SIGKILLed, under load
  *   cluster-unreachable  nodes that refuse or do not answer: the documented errors in time
  * TOKENBUCKET_CLUSTER_SECONDS scales the load phases (default 1).
  */
@@ -118,12 +118,12 @@ static void on_ok(int i, const char *fmt, const char *a, const char *b)
 
 /* ---- Exactness ----------------------------------------------------------- */
 
-START_TEST(test_exactness)
+static void exactness(void)
 {
 	int p[CLUSTER_NODES];
 	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
 	/* The single-server suite's sequences, each on its own key: the keys fall in every slot range. */
-	long count = redis_sequences(10000);
+	long count = redis_sequences(5000);
 	long steps = 0;
 	for (long i = 0; i < count; i++) {
 		steps += redis_sequence(cc, 0x7b0c5e11u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
@@ -143,9 +143,8 @@ START_TEST(test_exactness)
 	printf("cluster differential: %ld steps in %ld sequences over %lld/%lld/%lld keys, no difference\n",
 	       steps, count, keys[0], keys[1], keys[2]);
 }
-END_TEST
 
-START_TEST(test_slots_agree_with_redis)
+static void slots_agree_with_redis(void)
 {
 	int p[CLUSTER_NODES];
 	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
@@ -184,6 +183,14 @@ START_TEST(test_slots_agree_with_redis)
 	int owner = cluster_owner(&cl, (unsigned)tokenbucket_redis_slot(NULL, KEY("tenant7")));
 	ck_assert_int_ge(owner, 0);
 	ck_assert_int_eq(on_int(owner, "DBSIZE", NULL), 50);
+}
+
+/* One cluster for both: starting one costs seconds. */
+START_TEST(test_exactness)
+{
+	slots_agree_with_redis();
+	ck_assert_int_eq(tokenbucket_redis_set_prefix(cc, NULL, 0), 0);
+	exactness();
 }
 END_TEST
 
@@ -400,15 +407,14 @@ struct failover {
 	int64_t kill_at, recovered_at;
 };
 
-static void failover_load(struct failover *f)
+/* Starts the load on keys that primary holds (tags from base). */
+static void failover_load(struct failover *f, int primary, const char *base)
 {
-	int p[CLUSTER_NODES];
-	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
-	f->primary = p[0];
+	f->primary = primary;
 	f->replica = cluster_replica(&cl, f->primary);
 	ck_assert_int_ge(f->replica, 0);
 	char tag[32];
-	ck_assert_ptr_nonnull(cluster_key_on(&cl, f->primary, "fo", tag, sizeof(tag)));
+	ck_assert_ptr_nonnull(cluster_key_on(&cl, f->primary, base, tag, sizeof(tag)));
 	snprintf(f->keys[0], sizeof(f->keys[0]), "%s:limited", tag);
 	snprintf(f->keys[1], sizeof(f->keys[1]), "%s:count", tag);
 	f->ld = (struct load){ .nkeys = 2, .round_robin = true };
@@ -425,10 +431,8 @@ static void failover_finish(struct failover *f, struct tally *t)
 {
 	ck_assert_msg(cluster_settle(&cl, (int64_t)(30 * SEC * multiplier()), false) == 0,
 		      "the cluster did not settle after the failover");
-	char tag[32];
 	ck_assert_int_eq(cluster_owner(&cl, (unsigned)tokenbucket_redis_slot(NULL, KEY(f->keys[0]))),
 			 f->replica);
-	(void)tag;
 	sleep_ns(load_ns());
 	load_stop(&f->ld);
 	*t = tally();
@@ -451,10 +455,11 @@ static long counted(const struct failover *f)
 	return (long)((double)COUNT_BURST - level);
 }
 
-START_TEST(test_failover_sigkill)
+/* SIGKILL of primary under load; the bound and the lag window. */
+static void failover_sigkill(int primary)
 {
 	struct failover f;
-	failover_load(&f);
+	failover_load(&f, primary, "fk");
 	f.kill_at = tokenbucket_now();
 	ck_assert_int_eq(kill(cl.node[f.primary].pid, SIGKILL), 0);
 	waitpid(cl.node[f.primary].pid, NULL, 0);
@@ -525,12 +530,12 @@ START_TEST(test_failover_sigkill)
 	ck_assert_int_le(window, SEC);
 	load_free();
 }
-END_TEST
 
-START_TEST(test_failover_manual)
+/* CLUSTER FAILOVER on primary's replica under load; the replica's index. */
+static int failover_manual(int primary)
 {
 	struct failover f;
-	failover_load(&f);
+	failover_load(&f, primary, "fm");
 	f.kill_at = tokenbucket_now();
 	/* Run by the replica: the primary stops writes, the replica catches up, then takes over. */
 	redisReply *r = on(f.replica, "CLUSTER FAILOVER");
@@ -548,6 +553,20 @@ START_TEST(test_failover_manual)
 	static const long none[KEYS];
 	assert_within_limit(&f.ld, &t, none);
 	load_free();
+	return f.replica;
+}
+
+/*
+ * One cluster for both: the manual failover first (the old primary becomes
+ * the replica, in sync), then the new primary is killed.
+ */
+START_TEST(test_failover)
+{
+	int p[CLUSTER_NODES];
+	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
+	int promoted = failover_manual(p[0]);
+	ck_assert_int_eq(cluster_settle(&cl, (int64_t)(30 * SEC * multiplier()), true), 0);
+	failover_sigkill(promoted);
 }
 END_TEST
 
@@ -564,7 +583,7 @@ static int allow_timed(struct tokenbucket_redis *c, const char *key, int64_t *ns
 	return err;
 }
 
-START_TEST(test_nobody_listens)
+static void nobody_listens(void)
 {
 	/* The cluster's nodes all stopped: refused, retried until the timeout, then said so. */
 	cluster_stop(&cl);
@@ -580,9 +599,9 @@ START_TEST(test_nobody_listens)
 	ck_assert_uint_eq(res.limit, 5);
 	ck_assert_int_le(ns, TIMEOUT + late_ns());
 }
-END_TEST
 
-START_TEST(test_paused_primary)
+/* A paused primary first, then every node stopped: one cluster for both. */
+START_TEST(test_unreachable)
 {
 	int p[CLUSTER_NODES];
 	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
@@ -611,6 +630,7 @@ START_TEST(test_paused_primary)
 		;
 	ck_assert_int_eq(err, 0);
 	ck_assert_int_le(tries, 1);
+	nobody_listens();
 }
 END_TEST
 
@@ -625,12 +645,9 @@ int main(void)
 	      *failover = suite("cluster-failover"), *unreachable = suite("cluster-unreachable");
 	/* Check's timeouts are scaled by CK_TIMEOUT_MULTIPLIER already. */
 	tcase(diff, "exactness", setup_slow, 240, test_exactness);
-	tcase(diff, "slots", setup_slow, 120, test_slots_agree_with_redis);
 	tcase(reshard, "reshard", setup_slow, 120, test_reshard_hot_slot);
-	tcase(failover, "sigkill", setup_fast, 120, test_failover_sigkill);
-	tcase(failover, "manual", setup_fast, 120, test_failover_manual);
-	tcase(unreachable, "refused", setup_slow, 120, test_nobody_listens);
-	tcase(unreachable, "paused", setup_slow, 120, test_paused_primary);
+	tcase(failover, "failover", setup_fast, 180, test_failover);
+	tcase(unreachable, "unreachable", setup_slow, 120, test_unreachable);
 	Suite *const suites[] = { diff, reshard, failover, unreachable, NULL };
 	return redis_run(suites, cluster_available(), "redis-server or redis-cli (package redis-server, redis-tools)");
 }
