@@ -475,26 +475,26 @@ static void failover_sigkill(int primary)
 	int64_t window = 0;
 	if (lost > 0) {
 		long n = 0;
-		int64_t *ends = calloc((size_t)t.granted[1] + 1, sizeof(int64_t));
-		ck_assert_ptr_nonnull(ends);
+		int64_t *starts = calloc((size_t)t.granted[1] + 1, sizeof(int64_t));
+		ck_assert_ptr_nonnull(starts);
 		for (int i = 0; i < THREADS; i++)
 			for (long j = 0; j < workers[i].n; j++) {
 				const struct event *e = &workers[i].ev[j];
 				if (e->key == 1 && e->granted && e->start < f.kill_at)
-					ends[n++] = e->start;
+					starts[n++] = e->start;
 			}
 		/* The lost grants are the last ones the old primary made. */
 		int64_t earliest = f.kill_at;
 		for (long m = 0; m < lost && m < n; m++) {
 			long best = -1;
 			for (long q = 0; q < n; q++)
-				if (ends[q] != INT64_MIN && (best < 0 || ends[q] > ends[best]))
+				if (starts[q] != INT64_MIN && (best < 0 || starts[q] > starts[best]))
 					best = q;
-			earliest = ends[best];
-			ends[best] = INT64_MIN;
+			earliest = starts[best];
+			starts[best] = INT64_MIN;
 		}
 		window = f.kill_at - earliest;
-		free(ends);
+		free(starts);
 	}
 	/* What the limited key could have been granted in that window (its calls in flight count too). */
 	long in_window = THREADS;
