@@ -7,7 +7,9 @@
  * tokenbucket.lua, documented in tokenbucket-redis(7)) that computes exactly
  * what a local bucket computes, in multi-limb integer arithmetic.  A script
  * cache lost to a restart, a failover or SCRIPT FLUSH is refilled with EVAL
- * on the same call.
+ * on the same call.  A client of a Redis Cluster
+ * (tokenbucket_redis_open_cluster, since 1.1) routes each call to the
+ * primary of its key's hash slot.
  *
  * Conventions:
  *  - Every call names a key (any bytes; prefixed with the client's prefix)
