@@ -623,14 +623,15 @@ START_TEST(test_ask_then_noscript)
 }
 END_TEST
 
-/* MOVED to the peer: the slot follows at once, the next call goes straight there. */
+/* "foo" MOVED to the peer: the slot follows at once, the next call goes straight there. */
 static void answer_moved_to_peer(struct fake *f, int argc, char **argv, char *out, size_t size)
 {
-	(void)argc;
 	if (strcmp(argv[0], "CLUSTER") == 0)
 		snprintf(out, size, "-ERR busy\r\n");
-	else
+	else if (argc > 3 && strcmp(argv[3], "foo") == 0)
 		snprintf(out, size, "-MOVED 12182 127.0.0.1:%d\r\n", f->peer->port);
+	else
+		snprintf(out, size, "%s", allowed_reply);
 }
 
 static void answer_allowed(struct fake *f, int argc, char **argv, char *out, size_t size)
