@@ -180,14 +180,48 @@ static void slots_agree_with_redis(void)
 		ck_assert_int_eq(tokenbucket_redis_allow(cc, KEY(key), &lim, 1, &res), 0);
 		ck_assert(res.allowed);
 	}
-	int owner = cluster_owner(&cl, (unsigned)tokenbucket_redis_slot(NULL, KEY("tenant7")));
+	int slot = tokenbucket_redis_slot(NULL, KEY("tenant7"));
+	int owner = cluster_owner(&cl, (unsigned)slot);
 	ck_assert_int_ge(owner, 0);
-	ck_assert_int_eq(on_int(owner, "DBSIZE", NULL), 50);
+	snprintf(key, sizeof(key), "%d", slot);
+	ck_assert_int_eq(on_int(owner, "CLUSTER COUNTKEYSINSLOT %s", key), 50);
 }
 
-/* One cluster for both: starting one costs seconds. */
+/* Every call on the server's clock, on a key of each primary: the same functions as one server. */
+static void every_call_on_every_primary(void)
+{
+	int p[CLUSTER_NODES];
+	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 10 };
+	for (int k = 0; k < 3; k++) {
+		char key[32];
+		ck_assert_ptr_nonnull(cluster_key_on(&cl, p[k], "calls", key, sizeof(key)));
+		ck_assert_int_eq(tokenbucket_redis_reset(cc, KEY(key), &lim, 3), 0);
+		double tokens = 0;
+		ck_assert_int_eq(tokenbucket_redis_tokens(cc, KEY(key), &lim, &tokens, NULL), 0);
+		ck_assert(tokens >= 3 && tokens < 3.01);
+		struct tokenbucket_reservation rv;
+		struct tokenbucket_result res;
+		ck_assert_int_eq(tokenbucket_redis_reserve(cc, KEY(key), &lim, 2, 0, &rv, &res), 0);
+		/* Go's cancel gives nothing back once time_to_act (the reserve's now) has passed. */
+		ck_assert_int_eq(tokenbucket_redis_cancel(cc, KEY(key), &lim, &rv), 0);
+		ck_assert_uint_eq(rv.tokens, 0);
+		ck_assert_int_eq(tokenbucket_redis_tokens(cc, KEY(key), &lim, &tokens, NULL), 0);
+		ck_assert(tokens >= 1 && tokens < 1.01);
+		ck_assert_int_eq(tokenbucket_redis_wait(cc, KEY(key), &lim, 1, tokenbucket_now() + SEC, -1), 0);
+		ck_assert_int_eq(tokenbucket_redis_allow(cc, KEY(key), &lim, 1, &res), 0);
+		ck_assert(!res.allowed);
+		ck_assert_int_eq(tokenbucket_redis_wait(cc, KEY(key), &lim, 1, tokenbucket_now() + 10 * MS, -1),
+				 -ETIMEDOUT);
+		/* The bucket is on that primary. */
+		ck_assert_int_eq(on_int(p[k], "EXISTS %s", key), 1);
+	}
+}
+
+/* One cluster for all three: starting one costs seconds. */
 START_TEST(test_exactness)
 {
+	every_call_on_every_primary();
 	slots_agree_with_redis();
 	ck_assert_int_eq(tokenbucket_redis_set_prefix(cc, NULL, 0), 0);
 	exactness();
