@@ -362,7 +362,10 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			err = -ETIME;
 		} else if ((starts(rep, "MOVED ") || starts(rep, "ASK ")) &&
 			   tbr__redirect_parse(rep->str, rep->len, &rd) == 0) {
-			struct tbr__node *to = intern(cl, rd.host, rd.hostlen, rd.port, &index);
+			/* An empty host: the host of the node that answered (Redis 7). */
+			struct tbr__node *to = rd.hostlen > 0
+				? intern(cl, rd.host, rd.hostlen, rd.port, &index)
+				: intern(cl, n->host, strlen(n->host), rd.port, &index);
 			err = to == NULL ? intern_error(cl) : -ELOOP;
 			if (to != NULL && rd.ask) {
 				ask = to;

@@ -491,7 +491,7 @@ static void answer_moved_to_self(struct fake *f, int argc, char **argv, char *ou
 	if (strcmp(argv[0], "CLUSTER") == 0)
 		snprintf(out, size, "*0\r\n");
 	else
-		snprintf(out, size, "-MOVED 12182 127.0.0.1:%d\r\n", f->port);
+		snprintf(out, size, "-MOVED 12182 :%d\r\n", f->port); /* empty host: this node's */
 }
 
 START_TEST(test_redirect_loop)
