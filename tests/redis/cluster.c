@@ -1,4 +1,5 @@
 /* SPDX-License-Identifier: MIT */
+#include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -84,6 +85,47 @@ static int create(struct cluster *c)
 	return 0;
 }
 
+/*
+ * A failed assertion ends a Check child with _exit(), past the checked
+ * teardown, and a crash ends it anyway.  The nodes die with it
+ * (PR_SET_PDEATHSIG); this process, forked once they run, sees the end of
+ * the pipe and removes their directories.  cluster_stop tells it that all
+ * is done.  The pipe is close-on-exec, so no server holds it open.
+ */
+static void watchdog(struct cluster *c)
+{
+	int fd[2];
+	c->watch_fd = -1;
+	if (pipe2(fd, O_CLOEXEC) != 0)
+		return;
+	pid_t pid = fork();
+	if (pid == 0) {
+		/* Out of the test's process group, which Check kills when the test ends. */
+		setpgid(0, 0);
+		close(fd[1]);
+		char done;
+		ssize_t n;
+		do
+			n = read(fd[0], &done, 1);
+		while (n < 0 && errno == EINTR);
+		if (n == 0) {
+			nap(200); /* the nodes' own deaths first */
+			for (int i = 0; i < CLUSTER_NODES; i++) {
+				c->node[i].pid = 0; /* never signal: the pids are not ours to reuse */
+				server_stop(&c->node[i], false);
+			}
+		}
+		_exit(0);
+	}
+	close(fd[0]);
+	if (pid < 0) {
+		close(fd[1]);
+		return;
+	}
+	c->watch_fd = fd[1];
+	c->watch_pid = pid;
+}
+
 int cluster_start(struct cluster *c, int node_timeout_ms)
 {
 	char timeout[16];
@@ -93,6 +135,7 @@ int cluster_start(struct cluster *c, int node_timeout_ms)
 				      /* Replicas sync at once, not after the default 5 s wait for more. */
 				      "--repl-diskless-sync-delay", "0", NULL };
 	memset(c, 0, sizeof(*c));
+	c->watch_fd = -1;
 	/* A node's cluster bus listens on its port + 10000: both must be free, and
 	 * both below the kernel's ephemeral range (32768 up) so that no outgoing
 	 * connection takes one meanwhile.  Ports are drawn at random: other
@@ -115,6 +158,7 @@ int cluster_start(struct cluster *c, int node_timeout_ms)
 		snprintf(c->seed[i], sizeof(c->seed[i]), "redis://127.0.0.1:%d", c->node[i].port);
 		c->seeds[i] = c->seed[i];
 	}
+	watchdog(c);
 	if (create(c) != 0 || cluster_settle(c, 60 * INT64_C(1000000000), true) != 0) {
 		cluster_stop(c);
 		return -1;
@@ -126,6 +170,13 @@ void cluster_stop(struct cluster *c)
 {
 	for (int i = 0; i < CLUSTER_NODES; i++)
 		server_stop(&c->node[i], false);
+	if (c->watch_fd >= 0) {
+		ssize_t n = write(c->watch_fd, "", 1);
+		(void)n; /* if it is gone, it has nothing left to do */
+		close(c->watch_fd);
+		c->watch_fd = -1;
+		waitpid(c->watch_pid, NULL, 0);
+	}
 }
 
 static redisReply *command(const struct cluster *c, int i, const char *cmd)

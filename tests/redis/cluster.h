@@ -3,8 +3,9 @@
  * A private Redis Cluster for one test: 3 primaries and 3 replicas, each a
  * redis-server of tests/redis/server.c (its own temporary directory, a
  * free loopback port, PR_SET_PDEATHSIG), joined by redis-cli --cluster
- * create.  cluster_stop kills every node by pid; a test that crashes takes
- * its nodes with it.
+ * create.  cluster_stop kills every node by pid; a test that fails or
+ * crashes takes its nodes with it (PR_SET_PDEATHSIG), and a watchdog
+ * process removes their directories then.
  */
 #ifndef TOKENBUCKET_TEST_CLUSTER_H
 #define TOKENBUCKET_TEST_CLUSTER_H
@@ -20,6 +21,8 @@ struct cluster {
 	struct server node[CLUSTER_NODES];
 	char seed[CLUSTER_NODES][64]; /* redis://127.0.0.1:<port> */
 	const char *seeds[CLUSTER_NODES];
+	int watch_fd;    /* the watchdog's pipe, or -1 */
+	pid_t watch_pid;
 };
 
 /* True when redis-cli can be run too. */
