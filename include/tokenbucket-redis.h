@@ -7,7 +7,9 @@
  * tokenbucket.lua, documented in tokenbucket-redis(7)) that computes exactly
  * what a local bucket computes, in multi-limb integer arithmetic.  A script
  * cache lost to a restart, a failover or SCRIPT FLUSH is refilled with EVAL
- * on the same call.
+ * on the same call.  A client of a Redis Cluster
+ * (tokenbucket_redis_open_cluster, since 1.1) routes each call to the
+ * primary of its key's hash slot.
  *
  * Conventions:
  *  - Every call names a key (any bytes; prefixed with the client's prefix)
@@ -58,6 +60,35 @@ struct tokenbucket_redis_limit {
 TOKENBUCKET_API int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
 					   int64_t connect_timeout_ns,
 					   int64_t command_timeout_ns);
+/*
+ * Since 1.1.  Creates a client for a Redis Cluster known by nseeds seed
+ * nodes, each "redis://host[:port]" (database 0; any node will do: the
+ * client learns the rest from CLUSTER SLOTS on first use).  Each call goes
+ * to the primary of its key's hash slot, follows MOVED and ASK, and loads
+ * the script on nodes that lack it.  The call's whole time, redirections
+ * and retries included, is bounded by command_timeout_ns (<= 0: 1 second);
+ * connect_timeout_ns bounds each connection attempt within it.  Every
+ * other function takes the cluster client as it takes a one-server client.
+ * -EINVAL: rp or seeds NULL, nseeds 0 or above 1024, a seed NULL,
+ * malformed, a unix socket or a database other than 0.  -ENOMEM.
+ * Calls on a cluster client may also return -ELOOP (more than 16
+ * redirections in one call), -EAGAIN (the cluster stayed down or kept
+ * moving the slot for the whole timeout) and -ENOSPC (more than 1024
+ * distinct node addresses seen).
+ */
+TOKENBUCKET_API int tokenbucket_redis_open_cluster(struct tokenbucket_redis **rp,
+						   const char *const *seeds, size_t nseeds,
+						   int64_t connect_timeout_ns,
+						   int64_t command_timeout_ns);
+/*
+ * Since 1.1.  The Redis Cluster hash slot (0 to 16383) of key as a call on
+ * r sends it: r's prefix and then key (r NULL: key alone), hashed whole or,
+ * if it holds a "{tag}" (the first '{' and the first '}' after it, with at
+ * least one byte between), the tag alone.  Keys with the same tag share a
+ * slot, and so a node.  -EINVAL: key NULL with keylen > 0.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_slot(const struct tokenbucket_redis *r, const void *key,
+					   size_t keylen);
 /* Closes every connection and frees the client; accepts NULL. */
 TOKENBUCKET_API void tokenbucket_redis_close(struct tokenbucket_redis *r);
 /*

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -18,16 +19,12 @@
 #include <sys/time.h>
 
 #include "internal.h"
+#include "slots.h"
 
-/* Idle connections kept beyond this are closed. */
+/* Idle connections kept beyond this (per server) are closed. */
 #define TBR__IDLE_MAX 64
 /* Local fallback buckets: one per slot, a key hashing into a taken slot replaces it. */
 #define TBR__FALLBACK_SLOTS 256
-
-struct tbr__conn {
-	redisContext *c;
-	struct tbr__conn *next;
-};
 
 struct tbr__local {
 	char *key;
@@ -37,14 +34,10 @@ struct tbr__local {
 };
 
 struct tokenbucket_redis {
-	pthread_mutex_t lock; /* the pool */
-	struct tbr__conn *idle;
-	unsigned nidle;
-	char *host; /* NULL for a unix socket */
-	char *path;
-	int port;
-	int db;
-	struct timeval connect_tv, command_tv;
+	struct tbr__node node;        /* one server: its address and pool */
+	struct tbr__cluster *cluster; /* or a cluster (tokenbucket_redis_open_cluster) */
+	struct timeval connect_tv;
+	int64_t command_ns;
 	char *prefix;
 	size_t prefixlen;
 	double share;
@@ -54,9 +47,12 @@ struct tokenbucket_redis {
 
 static struct timeval tv_of(int64_t ns)
 {
-	if (ns <= 0)
-		ns = 1000000000;
 	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
+}
+
+static int64_t ns_or_default(int64_t ns)
+{
+	return ns <= 0 ? 1000000000 : ns;
 }
 
 static int parse_db(const char *s, int *db)
@@ -70,8 +66,7 @@ static int parse_db(const char *s, int *db)
 	return 0;
 }
 
-/* redis://host[:port][/db], unix:/path[?db=N], /path */
-static int parse_url(struct tokenbucket_redis *r, const char *url)
+int tbr__node_parse(struct tbr__node *r, const char *url)
 {
 	r->port = 6379;
 	if (url[0] == '/' || strncmp(url, "unix:", 5) == 0) {
@@ -114,6 +109,35 @@ static int parse_url(struct tokenbucket_redis *r, const char *url)
 	return *p == '\0' || (p[0] == '/' && p[1] == '\0') ? 0 : -EINVAL;
 }
 
+void tbr__node_init(struct tbr__node *n)
+{
+	memset(n, 0, sizeof(*n));
+	pthread_mutex_init(&n->lock, NULL);
+}
+
+void tbr__node_flush(struct tbr__node *n)
+{
+	pthread_mutex_lock(&n->lock);
+	struct tbr__conn *c = n->idle;
+	n->idle = NULL;
+	n->nidle = 0;
+	pthread_mutex_unlock(&n->lock);
+	while (c != NULL) {
+		struct tbr__conn *next = c->next;
+		tbr__conn_drop(c);
+		c = next;
+	}
+}
+
+void tbr__node_fini(struct tbr__node *n)
+{
+	tbr__node_flush(n);
+	pthread_mutex_destroy(&n->lock);
+	free(n->host);
+	free(n->path);
+	n->host = n->path = NULL;
+}
+
 int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
 			   int64_t connect_timeout_ns, int64_t command_timeout_ns)
 {
@@ -122,11 +146,33 @@ int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
 	struct tokenbucket_redis *r = calloc(1, sizeof(*r));
 	if (r == NULL)
 		return -ENOMEM;
-	pthread_mutex_init(&r->lock, NULL);
+	tbr__node_init(&r->node);
 	pthread_mutex_init(&r->fallback_lock, NULL);
-	r->connect_tv = tv_of(connect_timeout_ns);
-	r->command_tv = tv_of(command_timeout_ns);
-	int err = parse_url(r, url);
+	r->connect_tv = tv_of(ns_or_default(connect_timeout_ns));
+	r->command_ns = ns_or_default(command_timeout_ns);
+	int err = tbr__node_parse(&r->node, url);
+	if (err != 0) {
+		tokenbucket_redis_close(r);
+		return err;
+	}
+	*rp = r;
+	return 0;
+}
+
+int tokenbucket_redis_open_cluster(struct tokenbucket_redis **rp, const char *const *seeds,
+				   size_t nseeds, int64_t connect_timeout_ns,
+				   int64_t command_timeout_ns)
+{
+	if (rp == NULL || seeds == NULL || nseeds == 0)
+		return -EINVAL;
+	struct tokenbucket_redis *r = calloc(1, sizeof(*r));
+	if (r == NULL)
+		return -ENOMEM;
+	tbr__node_init(&r->node);
+	pthread_mutex_init(&r->fallback_lock, NULL);
+	r->connect_tv = tv_of(ns_or_default(connect_timeout_ns));
+	r->command_ns = ns_or_default(command_timeout_ns);
+	int err = tbr__cluster_open(&r->cluster, seeds, nseeds, r->connect_tv, r->command_ns);
 	if (err != 0) {
 		tokenbucket_redis_close(r);
 		return err;
@@ -139,12 +185,8 @@ void tokenbucket_redis_close(struct tokenbucket_redis *r)
 {
 	if (r == NULL)
 		return;
-	while (r->idle != NULL) {
-		struct tbr__conn *c = r->idle;
-		r->idle = c->next;
-		redisFree(c->c);
-		free(c);
-	}
+	tbr__node_fini(&r->node);
+	tbr__cluster_close(r->cluster);
 	if (r->local != NULL) {
 		for (int i = 0; i < TBR__FALLBACK_SLOTS; i++) {
 			free(r->local[i].key);
@@ -152,10 +194,7 @@ void tokenbucket_redis_close(struct tokenbucket_redis *r)
 		}
 		free(r->local);
 	}
-	pthread_mutex_destroy(&r->lock);
 	pthread_mutex_destroy(&r->fallback_lock);
-	free(r->host);
-	free(r->path);
 	free(r->prefix);
 	free(r);
 }
@@ -223,8 +262,7 @@ static void sigpipe_restore(struct tbr__sigpipe *s)
 	pthread_sigmask(SIG_SETMASK, &s->old, NULL);
 }
 
-/* What a failed connection or round trip means, as a negative errno. */
-static int conn_error(const redisContext *c, int saved_errno)
+int tbr__conn_error(const redisContext *c, int saved_errno)
 {
 	if (c == NULL)
 		return -ENOMEM;
@@ -248,7 +286,7 @@ static int conn_error(const redisContext *c, int saved_errno)
 	}
 }
 
-static void conn_drop(struct tbr__conn *c)
+void tbr__conn_drop(struct tbr__conn *c)
 {
 	if (c == NULL)
 		return;
@@ -256,48 +294,77 @@ static void conn_drop(struct tbr__conn *c)
 	free(c);
 }
 
-static int conn_get(struct tokenbucket_redis *r, struct tbr__conn **out)
+int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
 {
-	pthread_mutex_lock(&r->lock);
-	struct tbr__conn *c = r->idle;
-	if (c != NULL) {
-		r->idle = c->next;
-		r->nidle--;
-	}
-	pthread_mutex_unlock(&r->lock);
-	if (c != NULL) {
+	if (c->timeout_ns == ns)
+		return 0;
+	if (redisSetTimeout(c->c, tv_of(ns)) != REDIS_OK)
+		return tbr__conn_error(c->c, errno);
+	c->timeout_ns = ns;
+	return 0;
+}
+
+/* An idle connection with bytes or EOF waiting: its server closed it, or a reply nobody reads. */
+static bool conn_spoiled(const struct tbr__conn *c)
+{
+	struct pollfd p = { .fd = c->c->fd, .events = POLLIN };
+	return poll(&p, 1, 0) != 0;
+}
+
+int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns, bool check,
+		  struct tbr__conn **out)
+{
+	for (;;) {
+		pthread_mutex_lock(&n->lock);
+		struct tbr__conn *c = n->idle;
+		if (c != NULL) {
+			n->idle = c->next;
+			n->nidle--;
+		}
+		pthread_mutex_unlock(&n->lock);
+		if (c == NULL)
+			break;
+		if (check && conn_spoiled(c)) {
+			tbr__conn_drop(c);
+			continue;
+		}
+		int err = tbr__conn_timeout(c, timeout_ns);
+		if (err != 0) {
+			tbr__conn_drop(c);
+			return err;
+		}
 		*out = c;
 		return 0;
 	}
-	c = calloc(1, sizeof(*c));
+	struct tbr__conn *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return -ENOMEM;
 	errno = 0;
-	if (r->path != NULL)
-		c->c = redisConnectUnixWithTimeout(r->path, r->connect_tv);
+	if (n->path != NULL)
+		c->c = redisConnectUnixWithTimeout(n->path, connect_tv);
 	else
-		c->c = redisConnectWithTimeout(r->host, r->port, r->connect_tv);
+		c->c = redisConnectWithTimeout(n->host, n->port, connect_tv);
 	int saved = errno;
 	if (c->c == NULL || c->c->err) {
-		int err = conn_error(c->c, saved);
-		conn_drop(c);
+		int err = tbr__conn_error(c->c, saved);
+		tbr__conn_drop(c);
 		return err;
 	}
-	if (redisSetTimeout(c->c, r->command_tv) != REDIS_OK) {
-		int err = conn_error(c->c, errno);
-		conn_drop(c);
+	int err = tbr__conn_timeout(c, timeout_ns);
+	if (err != 0) {
+		tbr__conn_drop(c);
 		return err;
 	}
-	if (r->db != 0) {
+	if (n->db != 0) {
 		errno = 0;
-		redisReply *rep = redisCommand(c->c, "SELECT %d", r->db);
+		redisReply *rep = redisCommand(c->c, "SELECT %d", n->db);
 		saved = errno;
-		int err = rep == NULL ? conn_error(c->c, saved)
+		err = rep == NULL ? tbr__conn_error(c->c, saved)
 		      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
 		if (rep != NULL)
 			freeReplyObject(rep);
 		if (err != 0) {
-			conn_drop(c);
+			tbr__conn_drop(c);
 			return err;
 		}
 	}
@@ -305,26 +372,26 @@ static int conn_get(struct tokenbucket_redis *r, struct tbr__conn **out)
 	return 0;
 }
 
-static void conn_put(struct tokenbucket_redis *r, struct tbr__conn *c)
+void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
 {
-	pthread_mutex_lock(&r->lock);
-	if (r->nidle < TBR__IDLE_MAX) {
-		c->next = r->idle;
-		r->idle = c;
-		r->nidle++;
+	pthread_mutex_lock(&n->lock);
+	if (n->nidle < TBR__IDLE_MAX) {
+		c->next = n->idle;
+		n->idle = c;
+		n->nidle++;
 		c = NULL;
 	}
-	pthread_mutex_unlock(&r->lock);
-	conn_drop(c);
+	pthread_mutex_unlock(&n->lock);
+	tbr__conn_drop(c);
 }
 
 /* One round trip; a lost script cache is refilled by sending the text once. */
 static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
-			     struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
-			     double *tokens)
+		    struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+		    double *tokens)
 {
 	struct tbr__conn *c = NULL;
-	int err = conn_get(r, &c);
+	int err = tbr__conn_get(&r->node, r->connect_tv, r->command_ns, false, &c);
 	if (err != 0)
 		return err;
 	for (;;) {
@@ -337,8 +404,8 @@ static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *
 		int saved = errno;
 		if (rep == NULL) {
 			/* The reply may still come: the connection cannot be reused. */
-			err = conn_error(c->c, saved);
-			conn_drop(c);
+			err = tbr__conn_error(c->c, saved);
+			tbr__conn_drop(c);
 			return err;
 		}
 		err = tbr__decode(call, rep, res, rv, tokens);
@@ -347,18 +414,19 @@ static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *
 			break;
 		call->flags |= TOKENBUCKET_REDIS_EVAL;
 	}
-	conn_put(r, c);
+	tbr__conn_put(&r->node, c);
 	return err;
 }
 
-/* One round trip; a lost script cache is refilled by sending the text once. */
+/* One decision on the server or the cluster, with SIGPIPE kept from the process. */
 static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 		      struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 		      double *tokens)
 {
 	struct tbr__sigpipe sp;
 	sigpipe_block(&sp);
-	int err = exchange(r, call, res, rv, tokens);
+	int err = r->cluster != NULL ? tbr__cluster_exchange(r->cluster, call, res, rv, tokens)
+				     : exchange(r, call, res, rv, tokens);
 	sigpipe_restore(&sp);
 	return err;
 }
@@ -638,6 +706,26 @@ int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t
 		return -EINVAL;
 	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_RESET, false, 0, tokens, 0);
 	return run(r, &call, NULL, NULL, NULL);
+}
+
+int tokenbucket_redis_slot(const struct tokenbucket_redis *r, const void *key, size_t keylen)
+{
+	if (key == NULL && keylen > 0)
+		return -EINVAL;
+	if (r == NULL || r->prefixlen == 0)
+		return (int)tbr__slot(key, keylen);
+	size_t len = r->prefixlen + keylen;
+	if (len < keylen)
+		return -EINVAL;
+	char *full = malloc(len);
+	if (full == NULL)
+		return -ENOMEM;
+	memcpy(full, r->prefix, r->prefixlen);
+	if (keylen > 0)
+		memcpy(full + r->prefixlen, key, keylen);
+	int slot = (int)tbr__slot(full, len);
+	free(full);
+	return slot;
 }
 
 const char *tokenbucket_redis_script(const char **sha1)

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The Redis suites: CK_RUN_SUITE=<name> runs one (each ctest entry does).
- * Without redis-server they skip (77), or fail where TOKENBUCKET_NO_SKIP is
- * set, as tests/skip.sh does for the shell tests.
+ * The Redis suites' fixtures and runner: CK_RUN_SUITE=<name> runs one (each
+ * ctest entry does).  Without redis-server they skip (77), or fail where
+ * TOKENBUCKET_NO_SKIP is set, as tests/skip.sh does for the shell tests.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,22 +42,19 @@ long redis_sequences(long def)
 	return s != NULL && atol(s) > 0 ? atol(s) : def;
 }
 
-int main(void)
+int redis_run(Suite *const *suites, bool available, const char *missing)
 {
-	if (!server_available()) {
-		printf("SKIP: redis-server (package redis-server) is not installed\n");
+	if (!available) {
+		printf("SKIP: %s is not installed\n", missing);
 		if (getenv("TOKENBUCKET_NO_SKIP") != NULL && *getenv("TOKENBUCKET_NO_SKIP") != '\0') {
 			fprintf(stderr, "(TOKENBUCKET_NO_SKIP is set: failing instead)\n");
 			return EXIT_FAILURE;
 		}
 		return 77;
 	}
-	SRunner *sr = srunner_create(redis_diff_suite());
-	srunner_add_suite(sr, redis_faults_suite());
-	srunner_add_suite(sr, redis_concurrency_suite());
-	srunner_add_suite(sr, redis_expiry_suite());
-	srunner_add_suite(sr, redis_badinput_suite());
-	srunner_add_suite(sr, redis_api_suite());
+	SRunner *sr = srunner_create(suites[0]);
+	for (int i = 1; suites[i] != NULL; i++)
+		srunner_add_suite(sr, suites[i]);
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);
 	int run = srunner_ntests_run(sr);

@@ -5,6 +5,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -29,6 +30,15 @@ void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,
 long redis_sequences(long def);
 
 #define KEY(s) (s), strlen(s)
+
+/* Runs the suites (NULL-terminated); skips (77) or fails when !available. */
+int redis_run(Suite *const *suites, bool available, const char *missing);
+/*
+ * One differential sequence from seed through client c on the key
+ * "diff:<seed>:<index>", each answer asserted equal to the local library's;
+ * the number of steps checked.
+ */
+int redis_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index);
 
 Suite *redis_diff_suite(void);
 Suite *redis_faults_suite(void);

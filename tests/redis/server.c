@@ -22,6 +22,17 @@ bool server_available(void)
 	return system("redis-server --version >/dev/null 2>&1") == 0;
 }
 
+bool server_port_free(int port)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0;
+	if (fd >= 0)
+		close(fd);
+	return ok;
+}
+
 static int free_port(void)
 {
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -89,6 +100,11 @@ static int spawn(struct server *s, const char *const *extra)
 
 int server_start(struct server *s, const char *const *extra)
 {
+	return server_start_port(s, free_port(), extra);
+}
+
+int server_start_port(struct server *s, int port, const char *const *extra)
+{
 	memset(s, 0, sizeof(*s));
 	snprintf(s->dir, sizeof(s->dir), "%s/tbredis.XXXXXX",
 		 getenv("TMPDIR") != NULL && strlen(getenv("TMPDIR")) < 30 ? getenv("TMPDIR") : "/tmp");
@@ -96,7 +112,7 @@ int server_start(struct server *s, const char *const *extra)
 		return -1;
 	snprintf(s->sock, sizeof(s->sock), "%s/redis.sock", s->dir);
 	snprintf(s->url, sizeof(s->url), "unix:%s", s->sock);
-	s->port = free_port();
+	s->port = port;
 	snprintf(s->tcp_url, sizeof(s->tcp_url), "redis://127.0.0.1:%d", s->port);
 	if (s->port < 0)
 		return -1;

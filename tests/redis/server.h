@@ -25,6 +25,10 @@ struct server {
 bool server_available(void);
 /* Starts a server (extra: more "--option value" words, NULL-terminated); 0 or -1. */
 int server_start(struct server *s, const char *const *extra);
+/* The same on a given loopback port. */
+int server_start_port(struct server *s, int port, const char *const *extra);
+/* True when nothing is bound to the loopback port now. */
+bool server_port_free(int port);
 /* Stops it (SIGKILL, waits) and removes its directory unless keep_dir. */
 void server_stop(struct server *s, bool keep_dir);
 /* Stops and starts it again on the same socket and port: an empty server. */

@@ -12,8 +12,7 @@
 #include "check_redis.h"
 #include "sequence.h"
 
-/* Runs one sequence on its own key; the number of steps checked. */
-static int run_sequence(uint64_t seed, int steps, long index)
+int redis_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index)
 {
 	struct seq s;
 	struct seq_step st;
@@ -28,14 +27,14 @@ static int run_sequence(uint64_t seed, int steps, long index)
 		int err = 0;
 		switch (st.op) {
 		case TOKENBUCKET_REDIS_ALLOW:
-			err = tokenbucket_redis_allow_at(cli, KEY(key), &st.lim, st.now, st.n, &res);
+			err = tokenbucket_redis_allow_at(c, KEY(key), &st.lim, st.now, st.n, &res);
 			ck_assert_int_eq(err, 0);
 			ck_assert_msg(res.allowed == ex.allowed, "%s step %d: allow %d, local %d", key,
 				      done, res.allowed, ex.allowed);
 			break;
 		case TOKENBUCKET_REDIS_RESERVE: {
 			struct tokenbucket_reservation r;
-			err = tokenbucket_redis_reserve_at(cli, KEY(key), &st.lim, st.now, st.n, st.arg,
+			err = tokenbucket_redis_reserve_at(c, KEY(key), &st.lim, st.now, st.n, st.arg,
 							   &r, &res);
 			ck_assert_msg(err == ex.err, "%s step %d: reserve %d, local %d", key, done, err,
 				      ex.err);
@@ -49,14 +48,14 @@ static int run_sequence(uint64_t seed, int steps, long index)
 		}
 		case TOKENBUCKET_REDIS_CANCEL: {
 			struct tokenbucket_reservation r = { .time_to_act = st.arg, .tokens = st.n };
-			err = tokenbucket_redis_cancel_at(cli, KEY(key), &st.lim, &r, st.now);
+			err = tokenbucket_redis_cancel_at(c, KEY(key), &st.lim, &r, st.now);
 			ck_assert_int_eq(err, 0);
 			ck_assert_uint_eq(r.tokens, 0);
 			break;
 		}
 		case TOKENBUCKET_REDIS_TOKENS: {
 			double v = 0;
-			err = tokenbucket_redis_tokens_at(cli, KEY(key), &st.lim, st.now, &v, &res);
+			err = tokenbucket_redis_tokens_at(c, KEY(key), &st.lim, st.now, &v, &res);
 			ck_assert_int_eq(err, 0);
 			/* Both round level + rem/q through long double, which valgrind
 			 * computes in double precision: a few ulps, not a token. */
@@ -65,7 +64,7 @@ static int run_sequence(uint64_t seed, int steps, long index)
 			break;
 		}
 		case TOKENBUCKET_REDIS_RESET:
-			err = tokenbucket_redis_reset_at(cli, KEY(key), &st.lim, st.now, st.n);
+			err = tokenbucket_redis_reset_at(c, KEY(key), &st.lim, st.now, st.n);
 			ck_assert_msg(err == ex.err, "%s step %d: reset %d, local %d", key, done, err,
 				      ex.err);
 			break;
@@ -82,7 +81,7 @@ START_TEST(test_differential)
 	long count = redis_sequences(10000);
 	long steps = 0;
 	for (long i = 0; i < count; i++)
-		steps += run_sequence(0x7b0c5e11u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
+		steps += redis_sequence(cli, 0x7b0c5e11u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
 	printf("redis differential: %ld steps in %ld sequences, no difference\n", steps, count);
 }
 END_TEST
