@@ -66,17 +66,26 @@ static uint64_t deficiency_slow(const struct tokenbucket *tb, uint64_t ticket)
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 	int64_t level;
 	for (;;) {
+		/* ceiled before head: a cap that lowered head moved ceiled after. */
+		int64_t from = tb__capped(tb) ? atomic_load(&tb->ceiled) : 0;
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 		struct tb__view v;
 		tb__view(tb, &v);
 		int64_t at = atomic_load(&tb->clock);
-		level = tb__capped_level(tb__raw_level(&v, head, tail, at), burst);
-		/* Production above ceil not lost yet (a clock mover between its two steps) covers nothing. */
-		if (tb__capped(tb)) {
-			int64_t room = tb__level(atomic_load(&tb->ceil), tail);
-			if (room < level)
-				level = room;
+		tb__i128 raw = tb__raw_level(&v, head, tail, at);
+		if (tb__capped(tb) && from < at) {
+			/*
+			 * What tb__cap_to_ceil would leave at "at", unwritten (a
+			 * clock mover may be between its two steps): production
+			 * since "from" lifts the head no further than ceil, and a
+			 * head already above ceil keeps what it had.
+			 */
+			tb__i128 to_ceil = tb__level(atomic_load(&tb->ceil), tail);
+			tb__i128 kept = tb__raw_level(&v, head, tail, from);
+			if (raw > to_ceil)
+				raw = to_ceil > kept ? to_ceil : kept;
 		}
+		level = tb__capped_level(raw, burst);
 		uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
 		if (again == tail)
 			break;
