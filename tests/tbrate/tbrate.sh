@@ -17,7 +17,11 @@ if [ $# -ne 2 ]; then
 	exit 2
 fi
 group=$1
-T=$2
+# TBRATE_TEST_WRAPPER (words, e.g. a valgrind command line) runs before
+# tbrate: .ci/sanitize valgrind checks tbrate that way, since this shell
+# and the system's tools are not followed (ctest starts the script
+# through env, and /usr/bin/* is not traced).
+TB="${TBRATE_TEST_WRAPPER:-} $2"
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../skip.sh"
 M=${CK_TIMEOUT_MULTIPLIER:-1}
@@ -94,7 +98,7 @@ pace() {
 	zeros "$n" "$tmp/in"
 	t0=$(now_ns)
 	rc=0
-	cat "$tmp/in" | "$T" "$@" >"$tmp/out" || rc=$?
+	cat "$tmp/in" | $TB "$@" >"$tmp/out" || rc=$?
 	el=$(($(now_ns) - t0))
 	expect_rc "$what" 0 $rc
 	[ "$(size "$tmp/out")" -eq "$n" ] || fail "$what: $(size "$tmp/out") bytes out of $n"
@@ -111,9 +115,9 @@ group_pacing() {
 
 	# Data intact through both paths, and to a file (no splice into a pipe).
 	seq 1 30000 >"$tmp/seq"
-	"$T" -r 4M/s <"$tmp/seq" | cmp -s - "$tmp/seq" || fail "splice path alters data"
-	"$T" -r 4M/s --no-splice <"$tmp/seq" | cmp -s - "$tmp/seq" || fail "copy path alters data"
-	"$T" -r unlimited <"$tmp/seq" >"$tmp/out"
+	$TB -r 4M/s <"$tmp/seq" | cmp -s - "$tmp/seq" || fail "splice path alters data"
+	$TB -r 4M/s --no-splice <"$tmp/seq" | cmp -s - "$tmp/seq" || fail "copy path alters data"
+	$TB -r unlimited <"$tmp/seq" >"$tmp/out"
 	cmp -s "$tmp/out" "$tmp/seq" || fail "file to file alters data"
 	ok "data intact"
 
@@ -121,7 +125,7 @@ group_pacing() {
 	# rate times the time since tbrate started (a 64 KiB chunk would).
 	zeros 4000 "$tmp/in"
 	t0=$(now_ns)
-	"$T" -r 4000/s <"$tmp/in" >"$tmp/out" &
+	$TB -r 4000/s <"$tmp/in" >"$tmp/out" &
 	pid=$!
 	sleep 0.3
 	got=$(size "$tmp/out")
@@ -135,32 +139,32 @@ group_pacing() {
 	# Lines: one token per line, burst 1: 11 lines at 10/s take 1 s.
 	seq 1 11 >"$tmp/lines"
 	t0=$(now_ns)
-	"$T" -l -r 10/s <"$tmp/lines" >"$tmp/out"
+	$TB -l -r 10/s <"$tmp/lines" >"$tmp/out"
 	el=$(($(now_ns) - t0))
 	cmp -s "$tmp/out" "$tmp/lines" || fail "lines: output differs"
 	at_least "lines" $el $(ms 1000)
 	# A last line without a newline, and a line longer than the buffer.
-	printf 'a\nb' | "$T" -l -r 100/s >"$tmp/out"
+	printf 'a\nb' | $TB -l -r 100/s >"$tmp/out"
 	[ "$(cat "$tmp/out")" = "$(printf 'a\nb')" ] || fail "lines: last line without newline"
-	head -c 100000 /dev/zero | tr '\0' x | "$T" -l -r 100/s | wc -c | grep -qx 100000 ||
+	head -c 100000 /dev/zero | tr '\0' x | $TB -l -r 100/s | wc -c | grep -qx 100000 ||
 		fail "lines: a long line is cut"
 
 	# Commands: {} is a line of standard input; 3 runs at 10/s take 0.2 s.
 	t0=$(now_ns)
-	printf 'a\nb c\nd\n' | "$T" -r 10/s -- sh -c 'echo "<$1>"' sh '{}' >"$tmp/out"
+	printf 'a\nb c\nd\n' | $TB -r 10/s -- sh -c 'echo "<$1>"' sh '{}' >"$tmp/out"
 	el=$(($(now_ns) - t0))
 	[ "$(cat "$tmp/out")" = "$(printf '<a>\n<b c>\n<d>')" ] ||
 		fail "command: output $(cat "$tmp/out")"
 	at_least "command, {}" $el $(ms 200)
 	# Without {}: -n runs, the first at once.
 	t0=$(now_ns)
-	"$T" -r 20/s -n 5 -- sh -c 'echo run' >"$tmp/out" </dev/null
+	$TB -r 20/s -n 5 -- sh -c 'echo run' >"$tmp/out" </dev/null
 	el=$(($(now_ns) - t0))
 	[ "$(grep -c run "$tmp/out")" -eq 5 ] || fail "command -n 5: $(cat "$tmp/out")"
 	at_least "command, -n" $el $(ms 200)
 
 	# Progress on standard error.
-	seq 1 3 | "$T" -l -r 100/s -p >/dev/null 2>"$tmp/err"
+	seq 1 3 | $TB -l -r 100/s -p >/dev/null 2>"$tmp/err"
 	expect_in "progress" "$tmp/err" "3 lines"
 }
 
@@ -172,9 +176,9 @@ two() {
 	shift
 	zeros 1000000 "$tmp/big"
 	t0=$(now_ns)
-	"$T" -r 20k/s -t 1.5 "$@" <"$tmp/big" >"$tmp/out1" &
+	$TB -r 20k/s -t 1.5 "$@" <"$tmp/big" >"$tmp/out1" &
 	p1=$!
-	"$T" -r 20k/s -t 1.5 "$@" <"$tmp/big" >"$tmp/out2" &
+	$TB -r 20k/s -t 1.5 "$@" <"$tmp/big" >"$tmp/out2" &
 	p2=$!
 	rc1=0 rc2=0
 	wait $p1 || rc1=$?
@@ -197,12 +201,12 @@ group_shared() {
 	# Joined as it is: the bucket's 20000/s, not the 1M/s asked.
 	zeros 30000 "$tmp/in"
 	t0=$(now_ns)
-	"$T" -r 1M/s --shared "$name" <"$tmp/in" >"$tmp/out" 2>"$tmp/err"
+	$TB -r 1M/s --shared "$name" <"$tmp/in" >"$tmp/out" 2>"$tmp/err"
 	el=$(($(now_ns) - t0))
 	expect_in "shared, other rate" "$tmp/err" "joining it as it is"
 	at_least "shared, other rate" $el $(((30000 - 100) * 1000000000 / 20000))
 	rc=0
-	"$T" --shared "$name" --unlink || rc=$?
+	$TB --shared "$name" --unlink || rc=$?
 	expect_rc "unlink" 0 $rc
 	[ ! -e "/dev/shm/tokenbucket.$name" ] || fail "unlink left the bucket"
 }
@@ -236,36 +240,43 @@ start_redis() {
 }
 
 group_redis() {
-	"$T" --version | grep -q "Redis built in" || fail "tbrate built without Redis"
+	$TB --version | grep -q "Redis built in" || fail "tbrate built without Redis"
 	start_redis
 	url=redis://127.0.0.1:$port
 	two "redis" --redis "$url" --key "$name"
 	redis-cli -p "$port" get "$name" | grep -q '^tb1 ' || fail "redis: no bucket at the key"
 	zeros 30000 "$tmp/in"
 	t0=$(now_ns)
-	"$T" -r 1M/s --redis "$url" --key "$name" <"$tmp/in" >"$tmp/out" 2>"$tmp/err"
+	$TB -r 1M/s --redis "$url" --key "$name" <"$tmp/in" >"$tmp/out" 2>"$tmp/err"
 	el=$(($(now_ns) - t0))
 	expect_in "redis, other rate" "$tmp/err" "joining it as it is"
 	at_least "redis, other rate" $el $(((30000 - 100) * 1000000000 / 20000))
 	# A key that holds something else, and a server that is gone.
 	redis-cli -p "$port" set "$name-junk" hello >/dev/null
 	rc=0
-	"$T" -r 1k/s --redis "$url" --key "$name-junk" </dev/null 2>"$tmp/err" || rc=$?
+	$TB -r 1k/s --redis "$url" --key "$name-junk" </dev/null 2>"$tmp/err" || rc=$?
 	expect_rc "redis, not a bucket" 4 $rc
 	kill -9 "$redis_pid"
 	wait "$redis_pid" 2>/dev/null || true
 	redis_pid=
 	rc=0
-	"$T" -r 1k/s --redis "$url" --key "$name" </dev/null 2>"$tmp/err" || rc=$?
+	$TB -r 1k/s --redis "$url" --key "$name" </dev/null 2>"$tmp/err" || rc=$?
 	expect_rc "redis, no server" 4 $rc
 }
 
-# sig_start OPTIONS...: tbrate in the background on 1 MB, pid in $pid.
+# sig_start OPTIONS...: tbrate in the background on 1 MB, pid in $pid,
+# once it has written something (its handlers are in place before that).
 sig_start() {
 	zeros 1000000 "$tmp/big"
-	"$T" "$@" <"$tmp/big" >"$tmp/out" 2>"$tmp/err" &
+	rm -f "$tmp/out"
+	$TB "$@" <"$tmp/big" >"$tmp/out" 2>"$tmp/err" &
 	pid=$!
-	sleep 0.4
+	i=0
+	while [ ! -s "$tmp/out" ] && [ $i -lt $((100 * M)) ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
+	sleep 0.2
 }
 sig_end() {
 	rc=0
@@ -317,9 +328,14 @@ group_signals() {
 
 	# SIGTERM while a command runs: it is passed on, tbrate does not wait 10 s.
 	t0=$(now_ns)
-	"$T" -r 10/s -n 1 -- sleep 10 </dev/null &
+	rm -f "$tmp/out"
+	$TB -r 10/s -n 1 -- sh -c 'echo started; exec sleep 10' </dev/null >"$tmp/out" &
 	pid=$!
-	sleep 0.4
+	i=0
+	while [ ! -s "$tmp/out" ] && [ $i -lt $((100 * M)) ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
 	kill -TERM "$pid"
 	sig_end
 	el=$(($(now_ns) - t0))
@@ -334,68 +350,68 @@ group_errors() {
 		"-r 1/s --shared a --redis redis://x --key k" "--unlink" "-r 1/s --shared a/b"; do
 		rc=0
 		# shellcheck disable=SC2086 # the words are options
-		"$T" $args </dev/null >/dev/null 2>"$tmp/err" || rc=$?
+		$TB $args </dev/null >/dev/null 2>"$tmp/err" || rc=$?
 		expect_rc "usage: tbrate $args" 2 $rc
 	done
 	rc=0
-	"$T" -r 1/x </dev/null 2>"$tmp/err" || rc=$?
+	$TB -r 1/x </dev/null 2>"$tmp/err" || rc=$?
 	expect_in "bad period named" "$tmp/err" "unknown period \"x\""
 	rc=0
-	"$T" --help >"$tmp/out" || rc=$?
+	$TB --help >"$tmp/out" || rc=$?
 	expect_rc "--help" 0 $rc
 	expect_in "--help" "$tmp/out" "Exit status"
-	"$T" --version | grep -q "^tbrate [0-9]" || fail "--version"
+	$TB --version | grep -q "^tbrate [0-9]" || fail "--version"
 
 	# 1: a run failed; the others still ran.
 	rc=0
-	printf '1\n0\n' | "$T" -r 100/s -- sh -c 'echo ran; exit $1' sh '{}' >"$tmp/out" || rc=$?
+	printf '1\n0\n' | $TB -r 100/s -- sh -c 'echo ran; exit $1' sh '{}' >"$tmp/out" || rc=$?
 	expect_rc "a command failed" 1 $rc
 	[ "$(grep -c ran "$tmp/out")" -eq 2 ] || fail "a failed run stopped the others"
 
 	# 3: the deadline, waiting for tokens and waiting for input.
 	rc=0
-	seq 1 100 | "$T" -l -r 10/s -t 300ms >"$tmp/out" || rc=$?
+	seq 1 100 | $TB -l -r 10/s -t 300ms >"$tmp/out" || rc=$?
 	expect_rc "deadline, tokens" 3 $rc
 	[ "$(wc -l <"$tmp/out")" -le 5 ] || fail "deadline: $(wc -l <"$tmp/out") lines in 0.3 s"
 	rc=0
-	sleep 1 | "$T" -r 1k/s -t 200ms || rc=$?
+	sleep 1 | $TB -r 1k/s -t 200ms || rc=$?
 	expect_rc "deadline, input" 3 $rc
 
 	# 4: the shared bucket is not one, or is not there.
 	printf 'not a bucket' >"/dev/shm/tokenbucket.$name-junk"
 	rc=0
-	"$T" -r 1k/s --shared "$name-junk" </dev/null 2>"$tmp/err" || rc=$?
+	$TB -r 1k/s --shared "$name-junk" </dev/null 2>"$tmp/err" || rc=$?
 	expect_rc "shared, not a bucket" 4 $rc
 	rc=0
-	"$T" --shared "$name-none" --unlink 2>"$tmp/err" || rc=$?
+	$TB --shared "$name-none" --unlink 2>"$tmp/err" || rc=$?
 	expect_rc "unlink, no bucket" 4 $rc
 
 	# 5: input or output errors.
 	rc=0
-	"$T" -r 1k/s </ >/dev/null 2>"$tmp/err" || rc=$?
+	$TB -r 1k/s </ >/dev/null 2>"$tmp/err" || rc=$?
 	expect_rc "read error" 5 $rc
 	rc=0
-	echo hello | "$T" -r 1k/s >/dev/full 2>"$tmp/err" || rc=$?
+	echo hello | $TB -r 1k/s >/dev/full 2>"$tmp/err" || rc=$?
 	expect_rc "write error" 5 $rc
 
 	# 6: the output closed.
 	{
 		r=0
-		head -c 200000 /dev/zero | "$T" -r 10M/s 2>"$tmp/err" || r=$?
+		head -c 200000 /dev/zero | $TB -r 10M/s 2>"$tmp/err" || r=$?
 		echo $r >"$tmp/rc"
 	} | head -c 10 >/dev/null
 	expect_rc "output closed" 6 "$(cat "$tmp/rc")"
 
 	# 126, 127: the command cannot run.
 	rc=0
-	"$T" -r 10/s -n 1 -- /dev/null </dev/null 2>"$tmp/err" || rc=$?
+	$TB -r 10/s -n 1 -- /dev/null </dev/null 2>"$tmp/err" || rc=$?
 	expect_rc "cannot execute" 126 $rc
 	rc=0
-	"$T" -r 10/s -n 1 -- tbrate-no-such-command </dev/null 2>"$tmp/err" || rc=$?
+	$TB -r 10/s -n 1 -- tbrate-no-such-command </dev/null 2>"$tmp/err" || rc=$?
 	expect_rc "not found" 127 $rc
 	# A command that exits 127 itself is a failed run, not "not found".
 	rc=0
-	"$T" -r 10/s -n 1 -- sh -c 'exit 127' </dev/null || rc=$?
+	$TB -r 10/s -n 1 -- sh -c 'exit 127' </dev/null || rc=$?
 	expect_rc "a run exiting 127" 1 $rc
 }
 

@@ -241,8 +241,9 @@ static int read_rate_file(struct tbrate_rate *r, char err[TBRATE_ERR_SIZE])
 {
 	FILE *f = fopen(g.rate_file, "re");
 	if (f == NULL) {
-		snprintf(err, TBRATE_ERR_SIZE, "%s: %s", g.rate_file, strerror(errno));
-		return -errno;
+		int e = errno;
+		snprintf(err, TBRATE_ERR_SIZE, "%s: %s", g.rate_file, strerror(e));
+		return -e;
 	}
 	char line[128];
 	size_t n = fread(line, 1, sizeof(line) - 1, f);
