@@ -107,10 +107,10 @@ pace() {
 }
 
 group_pacing() {
-	# Splice (pipe to pipe) and read/write; the default burst is 5 ms of the rate.
-	pace "bytes, splice" 20000 20000 100 -r 20k/s
-	pace "bytes, read/write" 20000 20000 100 -r 20kB/s --no-splice
-	pace "bits" 2500 2000 10 -r 16kbit/s
+	# Splice (pipe to pipe) and read/write; the default burst is 20 ms of the rate.
+	pace "bytes, splice" 20000 20000 400 -r 20k/s
+	pace "bytes, read/write" 20000 20000 400 -r 20kB/s --no-splice
+	pace "bits" 2500 2000 40 -r 16kbit/s
 	pace "burst" 15000 10000 10000 -r 10k/s -b 10k
 
 	# Data intact through both paths, and to a file (no splice into a pipe).
@@ -121,7 +121,7 @@ group_pacing() {
 	cmp -s "$tmp/out" "$tmp/seq" || fail "file to file alters data"
 	ok "data intact"
 
-	# Smooth: at 4000 B/s the output never runs ahead of burst (20) plus the
+	# Smooth: at 4000 B/s the output never runs ahead of burst (80) plus the
 	# rate times the time since tbrate started (a 64 KiB chunk would).
 	zeros 4000 "$tmp/in"
 	t0=$(now_ns)
@@ -130,7 +130,7 @@ group_pacing() {
 	sleep 0.3
 	got=$(size "$tmp/out")
 	el=$(($(now_ns) - t0))
-	bound=$((20 + 4000 * el / 1000000000))
+	bound=$((80 + 4000 * el / 1000000000))
 	[ "$got" -le "$bound" ] || fail "smooth: $got bytes after $((el / 1000000)) ms, bound $bound"
 	ok "smooth: $got bytes after $((el / 1000000)) ms <= $bound"
 	kill "$pid" 2>/dev/null || true
@@ -169,7 +169,7 @@ group_pacing() {
 }
 
 # two WHAT SHARE_OPTIONS...: two tbrate processes on one bucket for 1 s
-# each (-t), at 20000 B/s, burst 100: together no more than the bucket
+# each (-t), at 20000 B/s, burst 400: together no more than the bucket
 # allows over the whole time, and each a fair part of it.
 two() {
 	what=$1
@@ -187,7 +187,7 @@ two() {
 	expect_rc "$what: first, at the deadline" 3 $rc1
 	expect_rc "$what: second, at the deadline" 3 $rc2
 	a=$(size "$tmp/out1") b=$(size "$tmp/out2")
-	bound=$((100 + 20000 * el / 1000000000))
+	bound=$((400 + 20000 * el / 1000000000))
 	total=$((a + b))
 	[ $total -le $bound ] || fail "$what: $a + $b bytes in $((el / 1000000)) ms, bound $bound"
 	[ $a -gt 0 ] && [ $b -gt 0 ] || fail "$what: one made no progress ($a, $b)"
@@ -204,7 +204,7 @@ group_shared() {
 	$TB -r 1M/s --shared "$name" <"$tmp/in" >"$tmp/out" 2>"$tmp/err"
 	el=$(($(now_ns) - t0))
 	expect_in "shared, other rate" "$tmp/err" "joining it as it is"
-	at_least "shared, other rate" $el $(((20000 - 100) * 1000000000 / 20000))
+	at_least "shared, other rate" $el $(((20000 - 400) * 1000000000 / 20000))
 	rc=0
 	$TB --shared "$name" --unlink || rc=$?
 	expect_rc "unlink" 0 $rc
@@ -261,7 +261,7 @@ group_redis() {
 	kill "$keeper" 2>/dev/null || true
 	wait "$keeper" || true
 	expect_in "redis, other rate" "$tmp/err" "joining it as it is"
-	at_least "redis, other rate" $el $(((20000 - 100) * 1000000000 / 20000))
+	at_least "redis, other rate" $el $(((20000 - 400) * 1000000000 / 20000))
 	# A key that holds something else, and a server that is gone.
 	redis-cli -p "$port" set "$name-junk" hello >/dev/null
 	rc=0
@@ -323,7 +323,7 @@ group_signals() {
 	expect_rc "SIGHUP, deadline" 3 $rc
 	expect_in "SIGHUP" "$tmp/err" "rate now 200000/s"
 	got=$(size "$tmp/out")
-	old=$((5 + 1000 * el / 1000000000))
+	old=$((20 + 1000 * el / 1000000000))
 	[ "$got" -gt $((old * 4)) ] || fail "SIGHUP: $got bytes, no more than the old rate's $old"
 	ok "SIGHUP: $got bytes, the old rate allowed $old"
 

@@ -57,6 +57,12 @@ enum {
 /* A chunk of bytes is at most this long and at most this long in time. */
 #define CHUNK_MAX ((size_t)64 * 1024)
 #define CHUNK_NS INT64_C(5000000)
+/*
+ * The default burst in bytes: 20 ms of the rate (at most 4 chunks), so that
+ * a wake-up up to 15 ms late, on a busy machine, still finds its tokens
+ * instead of losing them to a full bucket.
+ */
+#define BURST_NS (4 * CHUNK_NS)
 /* The progress line is redrawn at most this often. */
 #define PROGRESS_NS INT64_C(200000000)
 /* Longest line in command mode (the argument that replaces {}). */
@@ -167,10 +173,10 @@ static uint64_t default_burst(const struct tbrate_rate *r)
 	if (g.mode != MODE_BYTES)
 		return 1;
 	if (r->unlimited)
-		return CHUNK_MAX;
-	/* CHUNK_NS worth of the rate, within [1, CHUNK_MAX]. */
-	unsigned __int128 b = (unsigned __int128)r->tokens * CHUNK_NS / (uint64_t)r->period_ns;
-	return b < 1 ? 1 : b > CHUNK_MAX ? CHUNK_MAX : (uint64_t)b;
+		return 4 * CHUNK_MAX;
+	/* BURST_NS worth of the rate, within [1, 4 * CHUNK_MAX]. */
+	unsigned __int128 b = (unsigned __int128)r->tokens * BURST_NS / (uint64_t)r->period_ns;
+	return b < 1 ? 1 : b > 4 * CHUNK_MAX ? 4 * CHUNK_MAX : (uint64_t)b;
 }
 
 /* Bytes to read for the next chunk: CHUNK_NS of the rate in force, within burst. */
@@ -257,7 +263,7 @@ static int read_rate_file(struct tbrate_rate *r, char err[TBRATE_ERR_SIZE])
 		*--e = '\0';
 	int rc = tbrate_parse_rate(s, r, err);
 	if (rc == 0 && r->bytes_unit && g.mode != MODE_BYTES) {
-		snprintf(err, TBRATE_ERR_SIZE, "\"%s\": a byte unit needs the byte mode", s);
+		snprintf(err, TBRATE_ERR_SIZE, "\"%.100s\": a byte unit needs the byte mode", s);
 		rc = -EINVAL;
 	}
 	return rc;
@@ -329,20 +335,21 @@ static void draw_progress(bool final)
 	double secs = (double)(now - g.start) / 1e9;
 	char total[16], speed[16];
 	int64_t per_s = secs > 0 ? (int64_t)((double)g.total / secs) : 0;
+	/* The lengths make humanize_number scale to 3 or 4 digits: "2.9MiB", "948KiB". */
 	if (g.mode == MODE_BYTES) {
-		humanize_number(total, sizeof(total), (int64_t)g.total, "B", HN_AUTOSCALE,
+		humanize_number(total, 7, (int64_t)g.total, "B", HN_AUTOSCALE,
 				HN_DECIMAL | HN_NOSPACE | HN_IEC_PREFIXES);
-		humanize_number(speed, sizeof(speed), per_s, "B/s", HN_AUTOSCALE,
+		humanize_number(speed, 9, per_s, "B/s", HN_AUTOSCALE,
 				HN_DECIMAL | HN_NOSPACE | HN_IEC_PREFIXES);
 	} else {
-		humanize_number(total, sizeof(total), (int64_t)g.total, "", HN_AUTOSCALE,
+		humanize_number(total, 6, (int64_t)g.total, "", HN_AUTOSCALE,
 				HN_DECIMAL | HN_NOSPACE | HN_DIVISOR_1000);
-		humanize_number(speed, sizeof(speed), per_s, "/s", HN_AUTOSCALE,
+		humanize_number(speed, 8, per_s, "/s", HN_AUTOSCALE,
 				HN_DECIMAL | HN_NOSPACE | HN_DIVISOR_1000);
 	}
-	fprintf(stderr, "\rtbrate: %s %s  %s  %d:%02d:%02d ", total,
-		g.mode == MODE_BYTES ? "" : unit_words[g.mode], speed, (int)(secs / 3600),
-		(int)(secs / 60) % 60, (int)secs % 60);
+	fprintf(stderr, "\rtbrate: %6s%s%s  %8s  %d:%02d:%02d ", total,
+		g.mode == MODE_BYTES ? "" : " ", g.mode == MODE_BYTES ? "" : unit_words[g.mode],
+		speed, (int)(secs / 3600), (int)(secs / 60) % 60, (int)secs % 60);
 	g.drawn = true;
 }
 
@@ -794,7 +801,7 @@ static void usage(FILE *f)
 		"  -r, --rate=RATE        tokens per period: 10M/s, 2.5KiB/s, 64kbit/s, 5/min,\n"
 		"                         unlimited (SI k M G T P E, IEC Ki Mi ... Ei; B bytes,\n"
 		"                         b or bit bits; /s /min /h /d, default /s)\n"
-		"  -b, --burst=SIZE       the bucket's size (default: 5 ms of the rate in\n"
+		"  -b, --burst=SIZE       the bucket's size (default: 20 ms of the rate in\n"
 		"                         bytes, 1 line or run); the first SIZE go at once\n"
 		"  -l, --lines            pace lines, not bytes\n"
 		"  -n, --count=N          run COMMAND at most N times\n"
