@@ -246,20 +246,21 @@ group_redis() {
 	two "redis" --redis "$url" --key "$name"
 	# A key idle for a second expires (it is full by then): keep it in use
 	# while another rate joins it.
-	$TB -r 20k/s --redis "$url" --key "$name" <"$tmp/big" >/dev/null 2>&1 &
+	$TB -r 20k/s --redis "$url" --key "$name" <"$tmp/big" >"$tmp/keep" 2>&1 &
 	keeper=$!
 	i=0
-	until redis-cli -p "$port" get "$name" | grep -q '^tb1 '; do
+	until [ -s "$tmp/keep" ]; do
 		sleep 0.1
 		i=$((i + 1))
-		[ $i -lt $((100 * M)) ] || { fail "redis: no bucket at the key"; break; }
+		[ $i -lt $((100 * M)) ] || { fail "redis: the first process does not start"; break; }
 	done
+	redis-cli -p "$port" get "$name" | grep -q '^tb1 ' || fail "redis: no bucket at the key"
 	zeros 20000 "$tmp/in"
 	t0=$(now_ns)
 	$TB -r 1M/s --redis "$url" --key "$name" <"$tmp/in" >"$tmp/out" 2>"$tmp/err"
 	el=$(($(now_ns) - t0))
 	kill "$keeper" 2>/dev/null || true
-	wait "$keeper" || true
+	wait "$keeper" 2>/dev/null || true
 	expect_in "redis, other rate" "$tmp/err" "joining it as it is"
 	at_least "redis, other rate" $el $(((20000 - 400) * 1000000000 / 20000))
 	# A key that holds something else, and a server that is gone.
