@@ -421,8 +421,13 @@ static void take(uint64_t n)
 			piece = n;
 		int64_t target;
 		handle_signals();
-		if (reserve(piece, &target) == -E2BIG)
-			continue; /* the burst was lowered meanwhile */
+		if (reserve(piece, &target) == -E2BIG) {
+			if (bucket_burst() < piece && bucket_burst() > 0)
+				continue; /* the burst was lowered meanwhile */
+			warnx_("the bucket's burst (%" PRIu64 ") cannot hold %" PRIu64 " tokens",
+			       bucket_burst(), piece);
+			finish(EXIT_BUCKET);
+		}
 		for (;;) {
 			handle_signals();
 			int64_t now = tokenbucket_now();
