@@ -385,8 +385,14 @@ group_errors() {
 	seq 1 100 | $TB -l -r 10/s -t 300ms >"$tmp/out" || rc=$?
 	expect_rc "deadline, tokens" 3 $rc
 	[ "$(wc -l <"$tmp/out")" -le 5 ] || fail "deadline: $(wc -l <"$tmp/out") lines in 0.3 s"
+	# No input and no end of it: a writer that holds a fifo open and is silent.
+	mkfifo "$tmp/fifo"
+	sleep 1000 >"$tmp/fifo" &
+	writer=$!
 	rc=0
-	sleep 1 | $TB -r 1k/s -t 200ms || rc=$?
+	$TB -r 1k/s -t 200ms <"$tmp/fifo" || rc=$?
+	kill "$writer" 2>/dev/null || true
+	wait "$writer" 2>/dev/null || true
 	expect_rc "deadline, input" 3 $rc
 
 	# 4: the shared bucket is not one, or is not there.

@@ -90,6 +90,7 @@ static struct {
 	long long max_runs;            /* command mode; 0: no limit */
 	int64_t deadline;              /* absolute; TOKENBUCKET_NEVER: none */
 	char **command;
+	char **run_argv;               /* the words of the run in progress */
 
 	struct tokenbucket *tb;        /* private or named */
 #ifdef TBRATE_HAVE_REDIS
@@ -755,7 +756,8 @@ static void run_command(void)
 	size_t argc = 0;
 	while (g.command[argc])
 		argc++;
-	char **argv = calloc(argc + 1, sizeof(*argv));
+	/* Kept in g: finish() may exit from inside a run, with the words allocated. */
+	char **argv = g.run_argv = calloc(argc + 1, sizeof(*argv));
 	if (argv == NULL)
 		io_failed("malloc", ENOMEM);
 	static char line[LINE_MAX_BYTES + 1];
@@ -783,8 +785,10 @@ static void run_command(void)
 		}
 		int status = run_once(argv, subst);
 		if (subst)
-			for (size_t i = 0; i < argc; i++)
+			for (size_t i = 0; i < argc; i++) {
 				free(argv[i]);
+				argv[i] = NULL;
+			}
 		g.total++;
 		if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
 			g.failed++;
@@ -792,6 +796,7 @@ static void run_command(void)
 			draw_progress(false);
 	}
 	free(argv);
+	g.run_argv = NULL;
 }
 
 /* ---- Set-up ------------------------------------------------------------------ */
