@@ -10,6 +10,8 @@
 #   - every other section-3 page has the sections NAME, LIBRARY, SYNOPSIS,
 #     DESCRIPTION, RETURN VALUE, ERRORS, ATTRIBUTES, VERSIONS and SEE ALSO,
 #     in that order, and every function in its NAME has a file of its own;
+#   - every section-1 page (the tools) has NAME, SYNOPSIS, DESCRIPTION,
+#     OPTIONS, EXIT STATUS and SEE ALSO, in that order;
 #   - every page's NAME line is one lexgrog can read (for whatis and apropos).
 # Skips (tests/skip.sh) when man(1) is not installed.
 set -eu
@@ -38,8 +40,14 @@ ERRORS
 ATTRIBUTES
 VERSIONS
 SEE ALSO"
+required1="NAME
+SYNOPSIS
+DESCRIPTION
+OPTIONS
+EXIT STATUS
+SEE ALSO"
 pages=0
-for page in "$src"/man/man3/*.3 "$src"/man/man7/*.7; do
+for page in "$src"/man/man1/*.1 "$src"/man/man3/*.3 "$src"/man/man7/*.7; do
 	[ -f "$page" ] || continue
 	pages=$((pages + 1))
 	name=$(basename "$page")
@@ -63,6 +71,11 @@ for page in "$src"/man/man3/*.3 "$src"/man/man7/*.7; do
 		lexgrog "$page" >/dev/null 2>&1 || fail "$page: lexgrog cannot parse the NAME section"
 	fi
 	case $page in
+	*.1)
+		found=$(sed -n 's/^\.SH "\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$page" | grep -Fx "$required1" || true)
+		[ "$found" = "$required1" ] ||
+			fail "$page: sections are [$(echo $found)], need [$(echo $required1)] in that order"
+		;;
 	*.3)
 		found=$(sed -n 's/^\.SH "\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$page" | grep -Fx "$required" || true)
 		[ "$found" = "$required" ] ||
