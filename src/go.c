@@ -130,12 +130,7 @@ static int reserve_slow(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t
 				err = -EOVERFLOW;
 			} else {
 				/* When P has made debt more tokens than it had at "at". */
-				act = tb__time_of(&v, at, (uint64_t)debt);
-				/* act - at can pass INT64_MAX (at far below 0): saturate to NEVER. */
-				uint64_t span = (uint64_t)act - (uint64_t)at;
-				wait = act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER
-					       ? TOKENBUCKET_NEVER
-					       : (int64_t)span;
+				wait = tb__wait_of(&v, at, (uint64_t)debt, &act);
 			}
 		}
 		if (!err && wait > max_wait)

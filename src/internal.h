@@ -114,6 +114,8 @@ enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t 
 				   uint64_t *q);
 /* The first time after "at" when j more tokens than P(at) are there. */
 int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j);
+/* Nanoseconds from "at" to tb__time_of (which goes to *act); NEVER if never or too far. */
+int64_t tb__wait_of(const struct tb__view *v, int64_t at, uint64_t j, int64_t *act);
 /* The fraction of a token produced at t beyond P(t), in [0, 1). */
 double tb__fraction(const struct tb__view *v, int64_t t);
 /* Nanoseconds needed for n tokens, rounded up; NEVER when not representable. */

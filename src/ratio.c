@@ -136,6 +136,15 @@ int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j)
 	return (int64_t)((uint64_t)at + (uint64_t)wait); /* in range; wait may pass INT64_MAX */
 }
 
+int64_t tb__wait_of(const struct tb__view *v, int64_t at, uint64_t j, int64_t *act)
+{
+	*act = tb__time_of(v, at, j);
+	/* act - at can pass INT64_MAX (at far below 0): saturated to NEVER. */
+	uint64_t span = (uint64_t)*act - (uint64_t)at;
+	return *act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER
+										: (int64_t)span;
+}
+
 double tb__fraction(const struct tb__view *v, int64_t t)
 {
 	if (t > v->until)

@@ -10,11 +10,8 @@
 /* Nanoseconds from "at" until j more tokens than P(at) are there; NEVER if never. */
 static int64_t until(const struct tb__view *v, int64_t at, uint64_t j)
 {
-	int64_t act = tb__time_of(v, at, j);
-	if (act == TOKENBUCKET_NEVER)
-		return TOKENBUCKET_NEVER;
-	uint64_t span = (uint64_t)act - (uint64_t)at;
-	return span >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)span;
+	int64_t act;
+	return tb__wait_of(v, at, j, &act);
 }
 
 void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst, bool allowed,

@@ -605,11 +605,7 @@ again:
 			if ((uint64_t)debt > TOKENBUCKET_TABLE_DEBT_MAX) {
 				err = -EOVERFLOW;
 			} else {
-				act = tb__time_of(&v, at, (uint64_t)debt);
-				uint64_t span = (uint64_t)act - (uint64_t)at;
-				wait = act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER
-					       ? TOKENBUCKET_NEVER
-					       : (int64_t)span;
+				wait = tb__wait_of(&v, at, (uint64_t)debt, &act);
 			}
 		}
 		if (!err && wait > max_wait)

@@ -138,19 +138,22 @@ void tbr__node_fini(struct tbr__node *n)
 	n->host = n->path = NULL;
 }
 
-int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
-			   int64_t connect_timeout_ns, int64_t command_timeout_ns)
+/* A client with its timeouts and no server yet; NULL when out of memory. */
+static struct tokenbucket_redis *client_new(int64_t connect_timeout_ns, int64_t command_timeout_ns)
 {
-	if (rp == NULL || url == NULL)
-		return -EINVAL;
 	struct tokenbucket_redis *r = calloc(1, sizeof(*r));
 	if (r == NULL)
-		return -ENOMEM;
+		return NULL;
 	tbr__node_init(&r->node);
 	pthread_mutex_init(&r->fallback_lock, NULL);
 	r->connect_tv = tv_of(ns_or_default(connect_timeout_ns));
 	r->command_ns = ns_or_default(command_timeout_ns);
-	int err = tbr__node_parse(&r->node, url);
+	return r;
+}
+
+/* Hands r to the caller, or closes it when its server could not be set up. */
+static int client_done(struct tokenbucket_redis **rp, struct tokenbucket_redis *r, int err)
+{
 	if (err != 0) {
 		tokenbucket_redis_close(r);
 		return err;
@@ -159,26 +162,28 @@ int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
 	return 0;
 }
 
+int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,
+			   int64_t connect_timeout_ns, int64_t command_timeout_ns)
+{
+	if (rp == NULL || url == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis *r = client_new(connect_timeout_ns, command_timeout_ns);
+	if (r == NULL)
+		return -ENOMEM;
+	return client_done(rp, r, tbr__node_parse(&r->node, url));
+}
+
 int tokenbucket_redis_open_cluster(struct tokenbucket_redis **rp, const char *const *seeds,
 				   size_t nseeds, int64_t connect_timeout_ns,
 				   int64_t command_timeout_ns)
 {
 	if (rp == NULL || seeds == NULL || nseeds == 0)
 		return -EINVAL;
-	struct tokenbucket_redis *r = calloc(1, sizeof(*r));
+	struct tokenbucket_redis *r = client_new(connect_timeout_ns, command_timeout_ns);
 	if (r == NULL)
 		return -ENOMEM;
-	tbr__node_init(&r->node);
-	pthread_mutex_init(&r->fallback_lock, NULL);
-	r->connect_tv = tv_of(ns_or_default(connect_timeout_ns));
-	r->command_ns = ns_or_default(command_timeout_ns);
-	int err = tbr__cluster_open(&r->cluster, seeds, nseeds, r->connect_tv, r->command_ns);
-	if (err != 0) {
-		tokenbucket_redis_close(r);
-		return err;
-	}
-	*rp = r;
-	return 0;
+	return client_done(rp, r,
+			   tbr__cluster_open(&r->cluster, seeds, nseeds, r->connect_tv, r->command_ns));
 }
 
 void tokenbucket_redis_close(struct tokenbucket_redis *r)
