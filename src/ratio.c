@@ -61,11 +61,32 @@ static bool reads_back(uint64_t p, uint64_t q, double rate)
 }
 
 /*
+ * rate / 1e9 exactly, as num / den: a double is mant * 2^e exactly.  For
+ * the rates that reach the continued fraction (1/INT64_MAX to UINT64_MAX
+ * tokens per ns), num < 2^95 and den < 2^117.
+ */
+static void per_ns_exactly(double rate, u128 *num, u128 *den)
+{
+	int e;
+	uint64_t mant = (uint64_t)ldexp(frexp(rate, &e), 53);
+	e -= 53;
+	if (e >= 0) {
+		*num = (u128)mant << e;
+		*den = 1000000000;
+	} else {
+		*num = mant;
+		*den = (u128)1000000000 << -e;
+	}
+}
+
+/*
  * A double rate in tokens per second becomes the simplest ratio p/q tokens
  * per ns that reads back as the same double: the first convergent of the
- * continued fraction of rate / 1e9 that rounds to it.  Rates slower than a
- * token per INT64_MAX ns count as that; rates above UINT64_MAX tokens per ns
- * count as that.
+ * continued fraction of rate / 1e9 that rounds to it.  The fraction is
+ * expanded exactly (Euclid on 128-bit integers): expanded in floating
+ * point, its later terms drift, and another convergent would be chosen.
+ * Rates slower than a token per INT64_MAX ns count as that; rates above
+ * UINT64_MAX tokens per ns count as that.
  */
 enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
 {
@@ -91,16 +112,17 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
 		return TB__FINITE;
 	}
 
+	u128 num, den;
+	per_ns_exactly(rate, &num, &den);
 	/* Convergents h/k with h(-2) = 0, h(-1) = 1, k(-2) = 1, k(-1) = 0. */
 	u128 h0 = 0, h1 = 1, k0 = 1, k1 = 0;
 	uint64_t best_p = 0, best_q = 1;
-	long double y = x;
-	for (int i = 0; i < 128; i++) {
-		long double a = floorl(y);
-		if (a >= 18446744073709551616.0L)
+	while (den != 0) {
+		u128 a = num / den, r = num % den;
+		/* a, h1, k1 < 2^64: the products stay below 2^128. */
+		if (a > UINT64_MAX)
 			break;
-		u128 ai = (u128)(uint64_t)a;
-		u128 h2 = ai * h1 + h0, k2 = ai * k1 + k0;
+		u128 h2 = a * h1 + h0, k2 = a * k1 + k0;
 		if (h2 > UINT64_MAX || k2 > INT64_MAX)
 			break;
 		h0 = h1, h1 = h2, k0 = k1, k1 = k2;
@@ -110,10 +132,8 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
 			if (reads_back(best_p, best_q, rate))
 				break;
 		}
-		long double frac = y - a;
-		if (frac <= 0)
-			break;
-		y = 1.0L / frac;
+		num = den;
+		den = r;
 	}
 	if (best_p == 0) { /* cannot happen for x > 1/INT64_MAX; stay defined */
 		best_p = 1;

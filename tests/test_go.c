@@ -291,6 +291,22 @@ START_TEST(every_reads_back_as_its_period)
 }
 END_TEST
 
+/*
+ * The continued fraction is expanded exactly.  56.807000000000002 tokens/s
+ * reads back from 71451 tokens every 1257785132114 ns, its first such
+ * convergent; expanded in long double, the terms drifted and the bucket got
+ * 78773 every 1386677698171 ns, which reads back too but is not the first.
+ * duration_for(78773) tells them apart (...172 against ...171).
+ */
+START_TEST(rate_takes_the_first_exact_convergent)
+{
+	struct tokenbucket *tb = bucket_rate(56.807000000000002, 1, 0);
+	ck_assert_int_eq(tokenbucket_duration_for(tb, 71451), INT64_C(1257785132114));
+	ck_assert_int_eq(tokenbucket_duration_for(tb, 78773), INT64_C(1386677698172));
+	tokenbucket_free(tb);
+}
+END_TEST
+
 START_TEST(new_bucket_is_full_until_time_passes)
 {
 	struct tokenbucket *tb = bucket_every(1, MS, 3, 0);
@@ -348,6 +364,7 @@ Suite *go_suite(void)
 	tcase_add_test(tc, tokens_are_fractional);
 	tcase_add_test(tc, every_and_rates_read_back);
 	tcase_add_test(tc, every_reads_back_as_its_period);
+	tcase_add_test(tc, rate_takes_the_first_exact_convergent);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("inf-and-zero");
 	tcase_add_test(tc, infinite_rate_allows_everything);
