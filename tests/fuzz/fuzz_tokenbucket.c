@@ -181,11 +181,10 @@ static int64_t pick_period(struct input *in)
 }
 
 /*
- * Double rates whose exact ratio is not in doubt: the special values, whole
- * tokens per second, and short decimals.  Arbitrary doubles can sit where the
- * library's long double continued fraction and the model's exact one may
- * pick different convergents (see README); exact ratios come through
- * create_every and set_rate_every_at instead.
+ * Double rates: the special values, whole tokens per second, and short
+ * decimals; the conversion of arbitrary doubles is checked on its own
+ * (rates_test.c), and exact ratios come through create_every and
+ * set_rate_every_at.  Kept as it is so that the corpus keeps its meaning.
  */
 static double pick_rate(struct input *in)
 {

@@ -200,9 +200,22 @@ static void start_regime(struct model *m, int64_t at, enum model_kind kind, uint
 }
 
 /*
+ * The documented read-back of p tokens every q ns as tokens per second: one
+ * correctly rounded division when p * 1e9 and q are below 2^53, else the
+ * quotient in long double rounded to double.
+ */
+static double read_back(uint64_t p, uint64_t q)
+{
+	const uint64_t exact = (uint64_t)1 << 53;
+	if (p < exact / 1000000000 && q < exact)
+		return (double)(p * 1000000000) / (double)q;
+	return (double)((long double)p * 1e9L / (long double)q);
+}
+
+/*
  * Exact continued fraction of num/den (both > 0): convergents h/k with
- * 1 <= h <= UINT64_MAX, k <= INT64_MAX; the first whose p * 1e9 / q in long
- * double, rounded to double, is rate; failing that, the last one.
+ * 1 <= h <= UINT64_MAX, k <= INT64_MAX; the first that reads back as rate;
+ * failing that, the last one.
  */
 static void convergent(double rate, u128 num, u128 den, uint64_t *p, uint64_t *q)
 {
@@ -219,7 +232,7 @@ static void convergent(double rate, u128 num, u128 den, uint64_t *p, uint64_t *q
 		if (h1 != 0) {
 			bp = (uint64_t)h1;
 			bq = (uint64_t)k1;
-			if ((double)((long double)bp * 1e9L / (long double)bq) == rate)
+			if (read_back(bp, bq) == rate)
 				break;
 		}
 		u128 r = num % den;
