@@ -19,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 
+#include "siphash.h"
 #include "table.h"
 
 /* Table handles say how their memory was obtained. */
@@ -209,17 +210,19 @@ static inline bool bad_key(const void *key, size_t len)
 static inline void call_init(struct tokenbucket_table *t, int64_t now, const void *key,
 			     size_t len, struct tbt_call *c)
 {
-	uint64_t h = tb__siphash13(t->k0, t->k1, key, len);
+	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
 	uint64_t a, b;
 	tbt_buckets_of(h, t->lines / 2, &a, &b);
 	c->fp = tbt_fingerprint(h);
 	c->bucket[0] = &t->line[2 * a];
 	c->bucket[1] = &t->line[2 * b];
-	/* The key is in either bucket: fetch all four lines at once, not one miss after another. */
+	/*
+	 * The key is in either bucket: fetch both at once, not one miss after
+	 * another.  Only their first lines: the rest would crowd the cache of
+	 * a warm table for the few keys that live there.
+	 */
 	__builtin_prefetch(c->bucket[0], 1);
-	__builtin_prefetch(c->bucket[0] + 1, 1);
 	__builtin_prefetch(c->bucket[1], 1);
-	__builtin_prefetch(c->bucket[1] + 1, 1);
 	c->nc = a == b ? TBT_BUCKET_SLOTS : TBT_CANDIDATES;
 	c->origin = table_time(t, now, &c->at);
 }

@@ -18,8 +18,11 @@
 
 /* "TBTABLE\0" read as a little-endian word. */
 #define TBT_MAGIC UINT64_C(0x00454c4241544254)
-/* The layout of header, counters and slots; raised whenever any changes. */
-#define TBT_LAYOUT 1
+/*
+ * The layout of header, counters and slots, and where a key lives (its
+ * buckets); raised whenever any of them changes.
+ */
+#define TBT_LAYOUT 2
 /* The last word initialisation writes. */
 #define TBT_READY UINT32_C(0x52454459)
 
@@ -96,23 +99,24 @@ struct tbt_mem {
 _Static_assert(sizeof(struct tbt_header) <= 128, "the header fits its two lines");
 _Static_assert(sizeof(struct tbt_line) == 64, "a line is one cache line");
 
-/* SipHash-1-3 of len bytes at data under the secret (k0, k1). */
+/* SipHash-1-3 of len bytes at data under the secret (k0, k1), out of line (src/siphash.h). */
 uint64_t tb__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len);
 
 /*
- * The two buckets of a hash among `buckets` (at most 2^30): bits independent
- * of the fingerprint's choose them (a bijective mix of all 64), and the
- * second differs from the first whenever there are two buckets.
+ * The two buckets of a hash among `buckets` (at most 2^30), by
+ * multiply-shift of two 32-bit words, each with the 8 hash bits the
+ * fingerprint lacks in its top byte: two hashes with one fingerprint differ
+ * there, so from 256 buckets up they differ in both buckets (see
+ * docs/DESIGN.md, "Where a key lives").  The second differs from the first
+ * whenever there are two buckets.
  */
 static inline void tbt_buckets_of(uint64_t h, uint64_t buckets, uint64_t *a, uint64_t *b)
 {
-	uint64_t m = h ^ (h >> 33);
-	m *= UINT64_C(0xff51afd7ed558ccd);
-	m ^= m >> 33;
-	m *= UINT64_C(0xc4ceb9fe1a85ec53);
-	m ^= m >> 33;
-	*a = ((m >> 32) * buckets) >> 32;
-	*b = ((m & 0xffffffff) * buckets) >> 32;
+	uint64_t low = h & TBT_TAG_MASK;
+	uint64_t x = (h >> 32) ^ (low << 24);
+	uint64_t y = ((h >> 8) & 0xffffff) | (low << 24);
+	*a = (x * buckets) >> 32;
+	*b = (y * buckets) >> 32;
 	if (*b == *a && buckets > 1)
 		*b = *a + 1 == buckets ? 0 : *a + 1;
 }

@@ -537,6 +537,79 @@ END_TEST
 
 /* ---- Flooding --------------------------------------------------------------- */
 
+/*
+ * SipHash-1-3 with key bytes 00..0f of the messages 00, 00 01, ..., 00..3e
+ * (lengths 0 to 63): the published reference outputs, as little-endian words.
+ */
+static const uint64_t sip13_vectors[64] = {
+	0xabac0158050fc4dc, 0xc9f49bf37d57ca93, 0x82cb9b024dc7d44d, 0x8bf80ab8e7ddf7fb,
+	0xcf75576088d38328, 0xdef9d52f49533b67, 0xc50d2b50c59f22a7, 0xd3927d989bb11140,
+	0x369095118d299a8e, 0x25a48eb36c063de4, 0x79de85ee92ff097f, 0x70c118c1f94dc352,
+	0x78a384b157b4d9a2, 0x306f760c1229ffa7, 0x605aa111c0f95d34, 0xd320d86d2a519956,
+	0xcc4fdd1a7d908b66, 0x9cf2689063dbd80c, 0x8ffc389cb473e63e, 0xf21f9de58d297d1c,
+	0xc0dc2f46a6cce040, 0xb992abfe2b45f844, 0x7ffe7b9ba320872e, 0x525a0e7fdae6c123,
+	0xf464aeb267349c8c, 0x45cd5928705b0979, 0x3a3e35e3ca9913a5, 0xa91dc74e4ade3b35,
+	0xfb0bed02ef6cd00d, 0x88d93cb44ab1e1f4, 0x540f11d643c5e663, 0x2370dd1f8c21d1bc,
+	0x81157b6c16a7b60d, 0x4d54b9e57a8ff9bf, 0x759f12781f2a753e, 0xcea1a3bebf186b91,
+	0x2cf508d3ada26206, 0xb6101c2da3c33057, 0xb3f47496ae3a36a1, 0x626b57547b108392,
+	0xc1d2363299e41531, 0x667cc1923f1ad944, 0x65704ffec8138825, 0x24f280d1c28949a6,
+	0xc2ca1cedfaf8876b, 0xc2164bfc9f042196, 0xa16e9c9368b1d623, 0x49fb169c8b5114fd,
+	0x9f3143f8df074c46, 0xc6fdaf2412cc86b3, 0x7eaf49d10a52098f, 0x1cf313559d292f9a,
+	0xc44a30dda2f41f12, 0x36fae98943a71ed0, 0x318fb34c73f0bce6, 0xa27abf3670a7e980,
+	0xb4bcc0db243c6d75, 0x23f8d852fdb71513, 0x8f035f4da67d8a08, 0xd89cd0e5b7e8f148,
+	0xf6f4e6bcf7a644ee, 0xaec59ad80f1837f2, 0xc3b2f6154b6694e0, 0x9d199062b7bbb3a8,
+};
+
+START_TEST(siphash_reference)
+{
+	unsigned char msg[64];
+	for (int i = 0; i < 64; i++)
+		msg[i] = (unsigned char)i;
+	uint64_t k0 = 0x0706050403020100, k1 = 0x0f0e0d0c0b0a0908;
+	for (int len = 0; len < 64; len++)
+		ck_assert_msg(tb__siphash13(k0, k1, msg, (size_t)len) == sip13_vectors[len],
+			      "SipHash-1-3 of %d bytes", len);
+	/* At any alignment. */
+	unsigned char shifted[64 + 7];
+	for (int off = 1; off < 8; off++) {
+		memcpy(shifted + off, msg, 63);
+		ck_assert(tb__siphash13(k0, k1, shifted + off, 63) == sip13_vectors[63]);
+	}
+}
+END_TEST
+
+/*
+ * The confusion bound of docs/DESIGN.md: hashes with one fingerprint (all
+ * but the low byte) never share a first bucket, nor a second one, from 256
+ * buckets up; both buckets are in range and differ whenever they can.
+ */
+START_TEST(buckets_separate_one_fingerprint)
+{
+	const uint64_t counts[] = {1, 2, 3, 255, 256, 257, 1000, 4096, 65537, UINT64_C(1) << 30};
+	for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
+		uint64_t n = counts[c];
+		for (int round = 0; round < 2000; round++) {
+			uint64_t fp = rnd() & ~TBT_TAG_MASK;
+			uint64_t low[2] = {rnd() & TBT_TAG_MASK, 0};
+			low[1] = (low[0] + 1 + rnd() % TBT_TAG_MASK) & TBT_TAG_MASK;
+			uint64_t first[2], second[2];
+			for (int i = 0; i < 2; i++) {
+				tbt_buckets_of(fp | low[i], n, &first[i], &second[i]);
+				ck_assert_uint_lt(first[i], n);
+				ck_assert_uint_lt(second[i], n);
+				if (n > 1)
+					ck_assert_uint_ne(first[i], second[i]);
+			}
+			ck_assert_uint_ne(low[0], low[1]);
+			if (n >= 256) {
+				ck_assert_uint_ne(first[0], first[1]);
+				ck_assert_uint_ne(second[0], second[1]);
+			}
+		}
+	}
+}
+END_TEST
+
 enum { FLOOD_BUCKETS = 128, FLOOD_KEYS = 200 };
 
 /* Inserts the keys (one token each of burst 10, nothing refills); returns refusals. */
@@ -1069,6 +1142,8 @@ Suite *table_suite(void)
 	suite_add_tcase(s, tc);
 	tc = tcase_create("model");
 	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, siphash_reference);
+	tcase_add_test(tc, buckets_separate_one_fingerprint);
 	tcase_add_test(tc, million_keys_model);
 	tcase_add_test(tc, flood_costs_no_more);
 	suite_add_tcase(s, tc);
