@@ -29,14 +29,203 @@
 -- general path.
 
 local floor, fmod, format, tonumber = math.floor, math.fmod, string.format, tonumber
+local find, match, ssub = string.find, string.match, string.sub
 local LIM = 9007199254740992 -- 2^53
 local NEVER = "9223372036854775807"
+local BIL = 1000000000
 
--- ---- Times: {hi, lo} = hi * 10^9 + lo, 0 <= lo < 10^9 -----------------------
+local function bad(what)
+	return redis.error_reply("ERR tokenbucket: bad " .. what)
+end
+
+-- ---- The call -------------------------------------------------------------------
+
+local key, op = KEYS[1], ARGV[1]
+if #KEYS ~= 1 or #ARGV ~= 7 then
+	return bad("argument count")
+end
+if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "tokens" and op ~= "reset" then
+	return bad("op")
+end
+-- The server's clock is read once, whichever path decides.
+local tm = ARGV[2] == "" and redis.call("TIME") or nil
+local stored = redis.call("GET", key)
+
+-- ---- The common case, in doubles ------------------------------------------------
+-- allow or reserve on a new bucket, or on a stored one whose configuration
+-- is the call's, every number in canonical decimal below 10^15, every
+-- product checked below 2^53.  nil hands the call, untouched, to the
+-- general path, which decides it alike.  It comes first and defines no
+-- more than it needs: every line a call runs costs Redis's CPU.
+
+-- An integer-valued double in decimal: %d while any C long holds it
+-- (formatting a long is cheaper than %.0f), %.0f beyond.
+local function dec(x)
+	if x < 2147483648 and x > -2147483648 then
+		return format("%d", x)
+	end
+	return format("%.0f", x)
+end
+
+-- The time h * 10^9 + l in decimal, for 1 <= h, 0 <= l < 10^9.
+local function tdec(h, l)
+	if h < 2147483648 then
+		return format("%d%09d", h, l)
+	end
+	return format("%.0f%09.0f", h, l)
+end
+
+-- Canonical decimal (no sign, no leading zero) of at most 15 digits.
+local function canon(s)
+	return #s <= 15 and (s == "0" or find(s, "^[1-9]%d*$") ~= nil)
+end
+
+local function fast()
+	local a, b, u, ns = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+	if not (canon(a) and canon(b) and canon(u)) or #ns == 0 or #ns > 15 or find(ns, "%D") then
+		return nil
+	end
+	local p, q, sb, n = tonumber(a), tonumber(b), tonumber(u), tonumber(ns)
+	if q == 0 or (p == 0 and q ~= 1) or n > sb then
+		return nil
+	end
+	-- now as (th, tl): the server's clock, or a decimal from 1 s to below INT64_MAX.
+	local th, tl
+	if tm then
+		th, tl = tonumber(tm[1]), tonumber(tm[2]) * 1000
+		if not th or th < 1 or not tl or tl >= BIL then
+			return nil
+		end
+	else
+		local s = ARGV[2]
+		local m = #s
+		if m < 10 or m > 19 or ssub(s, 1, 1) == "0" or find(s, "%D") then
+			return nil
+		end
+		th, tl = tonumber(ssub(s, 1, m - 9)), tonumber(ssub(s, m - 8))
+	end
+	if th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
+		return nil
+	end
+	-- The bucket: clock (h0, l0), level lv (negative in debt), fraction rem/q.
+	local h0, l0, lv, rem
+	if stored then
+		local c, l, r, sa, sq, su = match(stored, "^tb1 (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
+		if not c or sa ~= a or sq ~= b or su ~= u then
+			return nil
+		end
+		local m = #c
+		if m < 10 or m > 19 or ssub(c, 1, 1) == "0" or #l > 15 or #r > 15 then
+			return nil
+		end
+		h0, l0, lv, rem = tonumber(ssub(c, 1, m - 9)), tonumber(ssub(c, m - 8)), tonumber(l),
+			tonumber(r)
+		-- A clock at INT64_MAX, a fraction of a token or more, more than
+		-- burst: not a bucket this path may write over.
+		if h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) or rem >= q or lv > sb then
+			return nil
+		end
+	else
+		-- A new bucket is full and sees its first time now.
+		h0, l0, lv, rem = th, tl, sb, 0
+	end
+	-- t = max(now, clock), as (th, tl)
+	if th < h0 or (th == h0 and tl < l0) then
+		th, tl = h0, l0
+	end
+	if p ~= 0 then
+		local dh = th - h0
+		if dh >= 9007198 then
+			return nil
+		end
+		local x = (dh * BIL + (tl - l0)) * p + rem
+		if x >= LIM then
+			return nil
+		end
+		rem = fmod(x, q)
+		if lv < sb then
+			lv = lv + (x - rem) / q
+			if lv > sb then
+				lv = sb
+			end
+		end
+	end
+	local ts = tdec(th, tl)
+	-- For d more tokens: the ns until they are there (false: never) and
+	-- that time in decimal (NEVER past INT64_MAX); nil to hand over.
+	local function when(d)
+		if d <= 0 then
+			return 0, ts
+		end
+		if p == 0 then
+			return false, NEVER
+		end
+		local x = d * q - rem
+		if x >= LIM then
+			return nil
+		end
+		-- fmod is exact, and so then is the division of what it leaves.
+		local m = fmod(x, p)
+		local w = (x - m) / p
+		if m > 0 then
+			w = w + 1
+		end
+		local wr = fmod(w, BIL)
+		local h, lo = th + (w - wr) / BIL, tl + wr
+		if lo >= BIL then
+			h, lo = h + 1, lo - BIL
+		end
+		if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
+			return false, NEVER
+		end
+		return w, tdec(h, lo)
+	end
+	local code, w, acts = 1, when(n - lv)
+	if w == nil then
+		return nil
+	end
+	if op == "allow" then
+		if lv < n then
+			code = 0
+		end
+	else
+		-- max_wait: INT64_MAX is no limit; otherwise a decimal below 10^15 here
+		-- (a negative one, which no wait is short enough for, goes on).
+		local mw = ARGV[7]
+		if mw ~= NEVER then
+			if #mw == 0 or #mw > 15 or find(mw, "%D") then
+				return nil
+			end
+			if not w or w > tonumber(mw) then
+				code = 0
+			end
+		end
+	end
+	if code == 1 then
+		lv = lv - n
+	end
+	local wf, fulls = when(sb - lv)
+	if wf == nil then
+		return nil
+	end
+	local ls, rs = dec(lv), dec(rem)
+	local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
+	if wf then
+		redis.call("SET", key, value, "PX", dec(floor((wf + 999999) / 1000000) + 1000))
+	else
+		redis.call("SET", key, value)
+	end
+	return { code, ts, ls, rs, b, acts, fulls }
+end
+local reply = (op == "allow" or op == "reserve") and fast()
+if reply then
+	return reply
+end
+
+-- ---- The general path: times {hi, lo} = hi * 10^9 + lo, 0 <= lo < 10^9 -----
 -- Both halves are small doubles, so comparing and subtracting nearby times
 -- costs no limbs.
 
-local BIL = 1000000000
 local TMAX = { 9223372036, 854775807 }  -- INT64_MAX: never
 local TMIN = { -9223372037, 145224192 } -- INT64_MIN
 local TMIN1 = { -9223372037, 145224193 }
@@ -121,22 +310,8 @@ local function tadd_small(t, w)
 	return tmake(t[1] + (w - r) / BIL, t[2] + r)
 end
 
-local function bad(what)
-	return redis.error_reply("ERR tokenbucket: bad " .. what)
-end
-
--- ---- The call -------------------------------------------------------------------
-
-local key, op = KEYS[1], ARGV[1]
-if #KEYS ~= 1 or #ARGV ~= 7 then
-	return bad("argument count")
-end
-if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "tokens" and op ~= "reset" then
-	return bad("op")
-end
 local now
-if ARGV[2] == "" then
-	local tm = redis.call("TIME")
+if tm then
 	now = { tonumber(tm[1]), tonumber(tm[2]) * 1000 }
 else
 	now = readint(ARGV[2])
@@ -149,143 +324,6 @@ else
 	elseif tcmp(now, TMAX) == 0 then
 		now = { TMAX[1], TMAX[2] - 1 }
 	end
-end
-local stored = redis.call("GET", key)
-
--- The common case in doubles: allow or reserve on a stored bucket whose
--- configuration is the call's, every number below 10^15, every product
--- checked below 2^53.  nil hands the call, untouched, to the general path.
-local function fast()
-	if not stored or (op ~= "allow" and op ~= "reserve") then
-		return nil
-	end
-	-- The clock comes split in its halves h0 * 10^9 + l0 (a clock from 1 s on).
-	local ch, cl, l, r, a, b, u = string.match(stored,
-		"^tb1 ([1-9]%d*)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
-	local ns = ARGV[6]
-	if not ch or a ~= ARGV[3] or b ~= ARGV[4] or u ~= ARGV[5] or #ch > 10 or #l > 15
-		or #r > 15 or #a > 15 or #b > 15 or #u > 15 or #ns == 0 or #ns > 15
-		or string.find(ns, "%D") then
-		return nil
-	end
-	local h0, l0 = tonumber(ch), tonumber(cl)
-	local lv, rem, p, q, sb, n = tonumber(l), tonumber(r), tonumber(a), tonumber(b),
-		tonumber(u), tonumber(ns)
-	if not lv or h0 > TMAX[1] or (h0 == TMAX[1] and l0 >= TMAX[2]) or q == 0
-		or (p == 0 and q ~= 1) or rem >= q or lv > sb or n > sb then
-		return nil
-	end
-	-- t = max(now, clock), as (th, tl)
-	local th, tl = now[1], now[2]
-	if th < h0 or (th == h0 and tl < l0) then
-		th, tl = h0, l0
-	end
-	if p ~= 0 then
-		local dh = th - h0
-		if dh >= 9007198 then
-			return nil
-		end
-		local x = (dh * BIL + (tl - l0)) * p + rem
-		if x >= LIM then
-			return nil
-		end
-		rem = fmod(x, q)
-		if lv < sb then
-			lv = lv + (x - rem) / q
-			if lv > sb then
-				lv = sb
-			end
-		end
-	end
-	-- The ns until d more tokens are there: false for never, nil to hand over.
-	local function span(d)
-		if p == 0 then
-			return false
-		end
-		local x = d * q - rem
-		if x >= LIM then
-			return nil
-		end
-		local m = fmod(x, p)
-		local w = (x - m) / p
-		if m > 0 then
-			w = w + 1
-		end
-		return w
-	end
-	-- t + w in decimal, or nil at or past INT64_MAX (never).
-	local function after(w)
-		local wr = fmod(w, BIL)
-		local h, lo = th + (w - wr) / BIL, tl + wr
-		if lo >= BIL then
-			h, lo = h + 1, lo - BIL
-		end
-		if h > TMAX[1] or (h == TMAX[1] and lo >= TMAX[2]) then
-			return nil
-		end
-		return format("%.0f%09.0f", h, lo)
-	end
-	local ts = format("%.0f%09.0f", th, tl)
-	-- For d more tokens: the span (false: never) and the time in decimal; nil to hand over.
-	local function when(d)
-		if d <= 0 then
-			return 0, ts
-		end
-		local w = span(d)
-		if w == nil then
-			return nil
-		end
-		local at = w and after(w)
-		if not at then
-			return false, NEVER
-		end
-		return w, at
-	end
-	local code, w, acts = 1, when(n - lv)
-	if w == nil then
-		return nil
-	end
-	if op == "allow" then
-		if lv < n then
-			code = 0
-		end
-	else
-		-- max_wait INT64_MAX is no limit; no wait is short enough for a negative one.
-		local mw = readint(ARGV[7])
-		if mw == nil then
-			return nil
-		end
-		local ok = tcmp(mw, TMAX) == 0
-		if not ok and w and mw[1] >= 0 then
-			local m = tdiff_small(mw, { 0, 0 })
-			ok = m == nil or w <= m
-		end
-		if not ok then
-			code = 0
-		end
-	end
-	if code == 1 then
-		lv = lv - n
-	end
-	local wf, fulls = when(sb - lv)
-	if wf == nil then
-		return nil
-	end
-	if lv == 0 then
-		lv = 0 -- never "-0"
-	end
-	local ls, rs = format("%.0f", lv), format("%.0f", rem)
-	local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
-	if wf then
-		redis.call("SET", key, value, "PX", format("%.0f", floor((wf + 999999) / 1000000) + 1000))
-	else
-		redis.call("SET", key, value)
-	end
-	return { code, ts, ls, rs, b, acts, fulls }
-end
-local reply = fast()
-if reply then
-	return reply
 end
 
 -- ---- The general path: limbs where needed --------------------------------------

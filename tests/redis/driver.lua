@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 --
--- usage: lua5.1 driver.lua SCRIPT < steps
+-- usage: lua5.1 driver.lua SCRIPT [GENERAL] < steps
 --
 -- Runs the bucket script outside Redis, with redis.call reduced to GET, SET
 -- and TIME on a table, and checks each step against what the local library
@@ -8,9 +8,18 @@
 --   key op now tokens period burst n arg | code act tokens
 -- code is the reply's code (E: an error reply), act the reservation's
 -- time_to_act, both exact; tokens is tokens_at's value, checked to 1e-9
--- relative ("-": not checked).  Exits 1 at the first difference.
+-- relative ("-": not checked).  GENERAL is the script with its common case
+-- turned off: every step runs on it too, on a store of its own, and must
+-- give the same reply, the same stored value and the same expiry.  Exits 1
+-- at the first difference.
 local script = assert(loadfile(arg[1]))
-local store, errors = {}, 0
+local general = arg[2] and assert(loadfile(arg[2]))
+local stores, store = { {}, {} }, nil
+local sets, concats, concat = 0, 0, table.concat
+table.concat = function(...)
+	concats = concats + 1
+	return concat(...)
+end
 
 local function reply_error(msg)
 	return { err = msg }
@@ -18,9 +27,10 @@ end
 redis = {
 	call = function(cmd, k, v, px, ms)
 		if cmd == "GET" then
-			return store[k] or false
+			return store[k] and store[k].value or false
 		elseif cmd == "SET" then
-			store[k] = v
+			sets = sets + 1
+			store[k] = { value = v, px = px and (px .. " " .. ms) or "" }
 			return { ok = "OK" }
 		elseif cmd == "TIME" then
 			return { "1700000000", "0" }
@@ -30,7 +40,14 @@ redis = {
 	error_reply = reply_error,
 }
 
-local steps, keys = 0, {}
+-- A reply and the key's stored value and expiry, as one line.
+local function summary(r, k)
+	local got = r.err and ("error " .. r.err) or concat(r, " ", 1, 7)
+	local st = store[k]
+	return got .. " | " .. (st and (st.value .. " " .. st.px) or "nil")
+end
+
+local steps, keys, common = 0, {}, 0
 for line in io.lines() do
 	local args, want = string.match(line, "^(.-) | (.*)$")
 	local f = {}
@@ -40,7 +57,24 @@ for line in io.lines() do
 	KEYS = { f[1] }
 	ARGV = { f[2], f[3], f[4], f[5], f[6], f[7], f[8] }
 	keys[f[1]] = true
+	store = stores[1]
+	-- The common case writes its value with "..", the general path with
+	-- table.concat: a step that wrote without table.concat was the former's.
+	local sets0, concats0 = sets, concats
 	local r = script()
+	if sets > sets0 and concats == concats0 then
+		common = common + 1
+	end
+	if general then
+		local a = summary(r, f[1])
+		store = stores[2]
+		local b = summary(general(), f[1])
+		if a ~= b then
+			io.stderr:write("common case and general path differ at step ", steps + 1, ":\n  ",
+				line, "\n  common  ", a, "\n  general ", b, "\n")
+			os.exit(1)
+		end
+	end
 	local wc, wact, wtok = string.match(want, "^(%S+) (%S+) (%S+)$")
 	local ok, got
 	if r.err then
@@ -71,4 +105,13 @@ local n = 0
 for _ in pairs(keys) do
 	n = n + 1
 end
-print(string.format("lua differential: %d steps in %d sequences, no difference", steps, n))
+if general then
+	print(string.format("lua differential: %d steps in %d sequences, %d of them decided by the "
+		.. "common case, each the same with it off; no difference", steps, n, common))
+	if common == 0 then
+		io.stderr:write("the common case decided no step\n")
+		os.exit(1)
+	end
+else
+	print(string.format("lua differential: %d steps in %d sequences, no difference", steps, n))
+end

@@ -6,7 +6,8 @@
 # The differential outside Redis: DIFFGEN writes random sequences with the
 # local library's answers, driver.lua runs SCRIPT on them under lua5.1.
 # TOKENBUCKET_LUA_SEQUENCES sequences (default 50000) of 20 steps, in two
-# halves run side by side.
+# halves run side by side; each step also runs with the script's common
+# case turned off, which must change nothing.
 set -eu
 gen=$1
 script=$2
@@ -15,9 +16,18 @@ command -v lua5.1 >/dev/null 2>&1 || skip "lua differential: lua5.1 (package lua
 total=${TOKENBUCKET_LUA_SEQUENCES:-50000}
 half=$((total / 2))
 driver=$(dirname "$0")/driver.lua
-"$gen" 1 "$half" 20 | lua5.1 "$driver" "$script" &
+# The script with its common case turned off: the driver checks that both
+# decide every step alike, stored value and expiry included.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+general=$tmp/general.lua
+gate='local reply = (op == "allow" or op == "reserve") and fast()'
+[ "$(grep -cFx "$gate" "$script")" = 1 ] || { echo "lua-diff.sh: the common case's gate is not in $script" >&2; exit 1; }
+sed 's/^local reply = .* and fast()$/local reply = false/' "$script" > "$general"
+[ "$(grep -cFx 'local reply = false' "$general")" = 1 ] || { echo "lua-diff.sh: could not turn the common case off" >&2; exit 1; }
+"$gen" 1 "$half" 20 | lua5.1 "$driver" "$script" "$general" &
 first=$!
 status=0
-"$gen" 2 "$((total - half))" 20 | lua5.1 "$driver" "$script" || status=1
+"$gen" 2 "$((total - half))" 20 | lua5.1 "$driver" "$script" "$general" || status=1
 wait $first || status=1
 exit $status
