@@ -54,172 +54,164 @@ local stored = redis.call("GET", key)
 -- ---- The common case, in doubles ------------------------------------------------
 -- allow or reserve on a new bucket, or on a stored one whose configuration
 -- is the call's, every number in canonical decimal below 10^15, every
--- product checked below 2^53.  nil hands the call, untouched, to the
--- general path, which decides it alike.  It comes first and defines no
--- more than it needs: every line a call runs costs Redis's CPU.
+-- product checked below 2^53.  A break hands the call, untouched, to the
+-- general path, which decides it alike.  It comes first and is written
+-- inline: every closure a call creates allocates its upvalues, and every
+-- line costs Redis's CPU.  Decimals are formatted with %d while any C
+-- long holds the value (formatting a long is cheaper than %.0f).
 
--- An integer-valued double in decimal: %d while any C long holds it
--- (formatting a long is cheaper than %.0f), %.0f beyond.
-local function dec(x)
-	if x < 2147483648 and x > -2147483648 then
-		return format("%d", x)
+-- For d more tokens at rate p/q with fraction rem, from the time th * 10^9
+-- + tl: the ns until they are there and that time in decimal; false and
+-- NEVER for never (rate 0, or INT64_MAX or later); nil to hand over.
+local function wait_for(d, p, q, rem, th, tl)
+	if p == 0 then
+		return false, NEVER
 	end
-	return format("%.0f", x)
-end
-
--- The time h * 10^9 + l in decimal, for 1 <= h, 0 <= l < 10^9.
-local function tdec(h, l)
-	if h < 2147483648 then
-		return format("%d%09d", h, l)
-	end
-	return format("%.0f%09.0f", h, l)
-end
-
--- Canonical decimal (no sign, no leading zero) of at most 15 digits.
-local function canon(s)
-	return #s <= 15 and (s == "0" or find(s, "^[1-9]%d*$") ~= nil)
-end
-
-local function fast()
-	local a, b, u, ns = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-	if not (canon(a) and canon(b) and canon(u)) or #ns == 0 or #ns > 15 or find(ns, "%D") then
+	local x = d * q - rem
+	if x >= LIM then
 		return nil
 	end
-	local p, q, sb, n = tonumber(a), tonumber(b), tonumber(u), tonumber(ns)
-	if q == 0 or (p == 0 and q ~= 1) or n > sb then
-		return nil
+	-- fmod is exact, and so then is the division of what it leaves.
+	local m = fmod(x, p)
+	local w = (x - m) / p
+	if m > 0 then
+		w = w + 1
 	end
-	-- now as (th, tl): the server's clock, or a decimal from 1 s to below INT64_MAX.
-	local th, tl
-	if tm then
-		th, tl = tonumber(tm[1]), tonumber(tm[2]) * 1000
-		if not th or th < 1 or not tl or tl >= BIL then
-			return nil
-		end
-	else
-		local s = ARGV[2]
-		local m = #s
-		if m < 10 or m > 19 or ssub(s, 1, 1) == "0" or find(s, "%D") then
-			return nil
-		end
-		th, tl = tonumber(ssub(s, 1, m - 9)), tonumber(ssub(s, m - 8))
+	local wr = fmod(w, BIL)
+	local h, lo = th + (w - wr) / BIL, tl + wr
+	if lo >= BIL then
+		h, lo = h + 1, lo - BIL
 	end
-	if th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
-		return nil
+	if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
+		return false, NEVER
 	end
-	-- The bucket: clock (h0, l0), level lv (negative in debt), fraction rem/q.
-	local h0, l0, lv, rem
-	if stored then
-		local c, l, r, sa, sq, su = match(stored, "^tb1 (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
-		if not c or sa ~= a or sq ~= b or su ~= u then
-			return nil
+	return w, h < 2147483648 and format("%d%09d", h, lo) or format("%.0f%09.0f", h, lo)
+end
+
+local common = op == "allow" or op == "reserve"
+if common then
+	repeat
+		local a, b, u, ns = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
+		if #a > 15 or #b > 15 or #u > 15 or #ns == 0 or #ns > 15 or find(ns, "%D")
+			or not (a == "0" or find(a, "^[1-9]%d*$")) or not find(b, "^[1-9]%d*$")
+			or not (u == "0" or find(u, "^[1-9]%d*$")) then
+			break
 		end
-		local m = #c
-		if m < 10 or m > 19 or ssub(c, 1, 1) == "0" or #l > 15 or #r > 15 then
-			return nil
+		local p, q, sb, n = tonumber(a), tonumber(b), tonumber(u), tonumber(ns)
+		if (p == 0 and q ~= 1) or n > sb then
+			break
 		end
-		h0, l0, lv, rem = tonumber(ssub(c, 1, m - 9)), tonumber(ssub(c, m - 8)), tonumber(l),
-			tonumber(r)
-		-- A clock at INT64_MAX, a fraction of a token or more, more than
-		-- burst: not a bucket this path may write over.
-		if h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) or rem >= q or lv > sb then
-			return nil
+		-- now as (th, tl): the server's clock, or a decimal from 1 s to below INT64_MAX.
+		local th, tl
+		if tm then
+			th, tl = tonumber(tm[1]), tonumber(tm[2])
+			if not th or th < 1 or not tl or tl >= 1000000 then
+				break
+			end
+			tl = tl * 1000
+		else
+			local s = ARGV[2]
+			local m = #s
+			if m < 10 or m > 19 or ssub(s, 1, 1) == "0" or find(s, "%D") then
+				break
+			end
+			th, tl = tonumber(ssub(s, 1, m - 9)), tonumber(ssub(s, m - 8))
 		end
-	else
-		-- A new bucket is full and sees its first time now.
-		h0, l0, lv, rem = th, tl, sb, 0
-	end
-	-- t = max(now, clock), as (th, tl)
-	if th < h0 or (th == h0 and tl < l0) then
-		th, tl = h0, l0
-	end
-	if p ~= 0 then
-		local dh = th - h0
-		if dh >= 9007198 then
-			return nil
+		if th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
+			break
 		end
-		local x = (dh * BIL + (tl - l0)) * p + rem
-		if x >= LIM then
-			return nil
+		-- The bucket: clock (h0, l0), level lv (negative in debt), fraction rem/q.
+		local h0, l0, lv, rem
+		if stored then
+			local c, l, r, sa, sq, su = match(stored, "^tb1 (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
+			if not c or sa ~= a or sq ~= b or su ~= u then
+				break
+			end
+			local m = #c
+			if m < 10 or m > 19 or ssub(c, 1, 1) == "0" or #l > 15 or #r > 15 then
+				break
+			end
+			h0, l0, lv, rem = tonumber(ssub(c, 1, m - 9)), tonumber(ssub(c, m - 8)), tonumber(l),
+				tonumber(r)
+			-- A clock at INT64_MAX, a fraction of a token or more, more
+			-- than burst: not a bucket this path may write over.
+			if h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) or rem >= q or lv > sb then
+				break
+			end
+		else
+			-- A new bucket is full and sees its first time now.
+			h0, l0, lv, rem = th, tl, sb, 0
 		end
-		rem = fmod(x, q)
-		if lv < sb then
-			lv = lv + (x - rem) / q
-			if lv > sb then
-				lv = sb
+		-- t = max(now, clock), as (th, tl)
+		if th < h0 or (th == h0 and tl < l0) then
+			th, tl = h0, l0
+		end
+		if p ~= 0 then
+			local dh = th - h0
+			if dh >= 9007198 then
+				break
+			end
+			local x = (dh * BIL + (tl - l0)) * p + rem
+			if x >= LIM then
+				break
+			end
+			rem = fmod(x, q)
+			if lv < sb then
+				lv = lv + (x - rem) / q
+				if lv > sb then
+					lv = sb
+				end
 			end
 		end
-	end
-	local ts = tdec(th, tl)
-	-- For d more tokens: the ns until they are there (false: never) and
-	-- that time in decimal (NEVER past INT64_MAX); nil to hand over.
-	local function when(d)
-		if d <= 0 then
-			return 0, ts
-		end
-		if p == 0 then
-			return false, NEVER
-		end
-		local x = d * q - rem
-		if x >= LIM then
-			return nil
-		end
-		-- fmod is exact, and so then is the division of what it leaves.
-		local m = fmod(x, p)
-		local w = (x - m) / p
-		if m > 0 then
-			w = w + 1
-		end
-		local wr = fmod(w, BIL)
-		local h, lo = th + (w - wr) / BIL, tl + wr
-		if lo >= BIL then
-			h, lo = h + 1, lo - BIL
-		end
-		if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
-			return false, NEVER
-		end
-		return w, tdec(h, lo)
-	end
-	local code, w, acts = 1, when(n - lv)
-	if w == nil then
-		return nil
-	end
-	if op == "allow" then
-		if lv < n then
-			code = 0
-		end
-	else
-		-- max_wait: INT64_MAX is no limit; otherwise a decimal below 10^15 here
-		-- (a negative one, which no wait is short enough for, goes on).
-		local mw = ARGV[7]
-		if mw ~= NEVER then
-			if #mw == 0 or #mw > 15 or find(mw, "%D") then
-				return nil
+		local ts = th < 2147483648 and format("%d%09d", th, tl) or format("%.0f%09.0f", th, tl)
+		local code, w, acts = 1, 0, ts
+		if n > lv then
+			w, acts = wait_for(n - lv, p, q, rem, th, tl)
+			if w == nil then
+				break
 			end
-			if not w or w > tonumber(mw) then
+		end
+		if op == "allow" then
+			if lv < n then
 				code = 0
 			end
+		else
+			-- max_wait: INT64_MAX is no limit; otherwise a decimal below
+			-- 10^15 here (a negative one, which no wait is short enough
+			-- for, goes on).
+			local mw = ARGV[7]
+			if mw ~= NEVER then
+				if #mw == 0 or #mw > 15 or find(mw, "%D") then
+					break
+				end
+				if not w or w > tonumber(mw) then
+					code = 0
+				end
+			end
 		end
-	end
-	if code == 1 then
-		lv = lv - n
-	end
-	local wf, fulls = when(sb - lv)
-	if wf == nil then
-		return nil
-	end
-	local ls, rs = dec(lv), dec(rem)
-	local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
-	if wf then
-		redis.call("SET", key, value, "PX", dec(floor((wf + 999999) / 1000000) + 1000))
-	else
-		redis.call("SET", key, value)
-	end
-	return { code, ts, ls, rs, b, acts, fulls }
-end
-local reply = (op == "allow" or op == "reserve") and fast()
-if reply then
-	return reply
+		if code == 1 then
+			lv = lv - n
+		end
+		local wf, fulls = 0, ts
+		if sb > lv then
+			wf, fulls = wait_for(sb - lv, p, q, rem, th, tl)
+			if wf == nil then
+				break
+			end
+		end
+		-- (lv is never -0 here: %d prints 0 for it anyway.)
+		local ls = (lv < 2147483648 and lv > -2147483648) and format("%d", lv) or format("%.0f", lv)
+		local rs = rem < 2147483648 and format("%d", rem) or format("%.0f", rem)
+		local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
+		if wf then
+			-- Expires a second after it is full again (ms, rounded up).
+			local ms = floor((wf + 999999) / 1000000) + 1000
+			redis.call("SET", key, value, "PX", ms < 2147483648 and format("%d", ms) or format("%.0f", ms))
+		else
+			redis.call("SET", key, value)
+		end
+		return { code, ts, ls, rs, b, acts, fulls }
+	until true
 end
 
 -- ---- The general path: times {hi, lo} = hi * 10^9 + lo, 0 <= lo < 10^9 -----
