@@ -106,9 +106,10 @@ uint64_t tb__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len);
  * The two buckets of a hash among `buckets` (at most 2^30), by
  * multiply-shift of two 32-bit words, each with the 8 hash bits the
  * fingerprint lacks in its top byte: two hashes with one fingerprint differ
- * there, so from 256 buckets up they differ in both buckets (see
- * docs/DESIGN.md, "Where a key lives").  The second differs from the first
- * whenever there are two buckets.
+ * there, so from 256 buckets up their first buckets differ, and so do
+ * their second ones unless one was moved off its first (see docs/DESIGN.md,
+ * "Where a key lives").  The second differs from the first whenever there
+ * are two buckets.
  */
 static inline void tbt_buckets_of(uint64_t h, uint64_t buckets, uint64_t *a, uint64_t *b)
 {

@@ -580,14 +580,15 @@ END_TEST
 
 /*
  * The confusion bound of docs/DESIGN.md: hashes with one fingerprint (all
- * but the low byte) never share a first bucket, nor a second one, from 256
- * buckets up; both buckets are in range and differ whenever they can.
+ * but the low byte) never share a first bucket from 256 buckets up, nor a
+ * second one unless it was moved off the first; both buckets are in range
+ * and differ whenever they can.
  */
 START_TEST(buckets_separate_one_fingerprint)
 {
 	const uint64_t counts[] = {1, 2, 3, 255, 256, 257, 1000, 4096, 65537, UINT64_C(1) << 30};
 	for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++) {
-		uint64_t n = counts[c];
+		uint64_t n = counts[c], shared_second = 0;
 		for (int round = 0; round < 2000; round++) {
 			uint64_t fp = rnd() & ~TBT_TAG_MASK;
 			uint64_t low[2] = {rnd() & TBT_TAG_MASK, 0};
@@ -603,9 +604,11 @@ START_TEST(buckets_separate_one_fingerprint)
 			ck_assert_uint_ne(low[0], low[1]);
 			if (n >= 256) {
 				ck_assert_uint_ne(first[0], first[1]);
-				ck_assert_uint_ne(second[0], second[1]);
+				shared_second += second[0] == second[1];
 			}
 		}
+		/* About 2/n^2 a round (a move off the first), not 1/n as at random. */
+		ck_assert_uint_le(shared_second, 1);
 	}
 }
 END_TEST

@@ -61,9 +61,13 @@ local stored = redis.call("GET", key)
 -- long holds the value (formatting a long is cheaper than %.0f).
 
 -- For d more tokens at rate p/q with fraction rem, from the time th * 10^9
--- + tl: the ns until they are there and that time in decimal; false and
--- NEVER for never (rate 0, or INT64_MAX or later); nil to hand over.
-local function wait_for(d, p, q, rem, th, tl)
+-- + tl (ts in decimal): the ns until they are there and that time in
+-- decimal; false and NEVER for never (rate 0, or INT64_MAX or later); nil
+-- to hand over.
+local function wait_for(d, p, q, rem, th, tl, ts)
+	if d <= 0 then
+		return 0, ts
+	end
 	if p == 0 then
 		return false, NEVER
 	end
@@ -164,12 +168,9 @@ if common then
 			end
 		end
 		local ts = th < 2147483648 and format("%d%09d", th, tl) or format("%.0f%09.0f", th, tl)
-		local code, w, acts = 1, 0, ts
-		if n > lv then
-			w, acts = wait_for(n - lv, p, q, rem, th, tl)
-			if w == nil then
-				break
-			end
+		local code, w, acts = 1, wait_for(n - lv, p, q, rem, th, tl, ts)
+		if w == nil then
+			break
 		end
 		if op == "allow" then
 			if lv < n then
@@ -192,12 +193,9 @@ if common then
 		if code == 1 then
 			lv = lv - n
 		end
-		local wf, fulls = 0, ts
-		if sb > lv then
-			wf, fulls = wait_for(sb - lv, p, q, rem, th, tl)
-			if wf == nil then
-				break
-			end
+		local wf, fulls = wait_for(sb - lv, p, q, rem, th, tl, ts)
+		if wf == nil then
+			break
 		end
 		-- (lv is never -0 here: %d prints 0 for it anyway.)
 		local ls = (lv < 2147483648 and lv > -2147483648) and format("%d", lv) or format("%.0f", lv)
