@@ -197,7 +197,7 @@ if common then
 		if wf == nil then
 			break
 		end
-		-- (lv is never -0 here: %d prints 0 for it anyway.)
+		-- %d prints a level of -0 as 0, as the general path writes it.
 		local ls = (lv < 2147483648 and lv > -2147483648) and format("%d", lv) or format("%.0f", lv)
 		local rs = rem < 2147483648 and format("%d", rem) or format("%.0f", rem)
 		local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
