@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 --
--- usage: lua5.1 driver.lua SCRIPT [GENERAL] < steps
+-- usage: lua5.1 driver.lua SCRIPT [--general] < steps
 --
 -- Runs the bucket script outside Redis, with redis.call reduced to GET, SET
 -- and TIME on a table, and checks each step against what the local library
@@ -8,12 +8,28 @@
 --   key op now tokens period burst n arg | code act tokens
 -- code is the reply's code (E: an error reply), act the reservation's
 -- time_to_act, both exact; tokens is tokens_at's value, checked to 1e-9
--- relative ("-": not checked).  GENERAL is the script with its common case
--- turned off: every step runs on it too, on a store of its own, and must
+-- relative ("-": not checked).  With --general every step also runs on the
+-- script with its common case turned off, on a store of its own, and must
 -- give the same reply, the same stored value and the same expiry.  Exits 1
 -- at the first difference.
 local script = assert(loadfile(arg[1]))
-local general = arg[2] and assert(loadfile(arg[2]))
+local general
+if arg[2] == "--general" then
+	local f = assert(io.open(arg[1]))
+	local src = f:read("*a")
+	f:close()
+	local gate = '\nlocal common = op == "allow" or op == "reserve"\n'
+	local i, j = string.find(src, gate, 1, true)
+	if not i or string.find(src, gate, j, true) then
+		io.stderr:write("driver.lua: the common case's gate is not once in ", arg[1], "\n")
+		os.exit(1)
+	end
+	general = assert(loadstring(string.sub(src, 1, i) .. "local common = false\n"
+		.. string.sub(src, j + 1), "=general"))
+elseif arg[2] then
+	io.stderr:write("usage: lua5.1 driver.lua SCRIPT [--general] < steps\n")
+	os.exit(2)
+end
 local stores, store = { {}, {} }, nil
 local sets, concats, concat = 0, 0, table.concat
 table.concat = function(...)
