@@ -6,6 +6,7 @@
 -- and TIME on a table, and checks each step against what the local library
 -- answered (tokenbucket-redis-diffgen writes the steps).  A line is
 --   key op now tokens period burst n arg | code act tokens
+-- (now "server" asks for the server's clock)
 -- code is the reply's code (E: an error reply), act the reservation's
 -- time_to_act, both exact; tokens is tokens_at's value, checked to 1e-9
 -- relative ("-": not checked).  With --general every step also runs on the
@@ -71,7 +72,8 @@ for line in io.lines() do
 		f[#f + 1] = w
 	end
 	KEYS = { f[1] }
-	ARGV = { f[2], f[3], f[4], f[5], f[6], f[7], f[8] }
+	-- now "server": the server's clock, which the stub's TIME keeps at 1.7e18 ns.
+	ARGV = { f[2], f[3] == "server" and "" or f[3], f[4], f[5], f[6], f[7], f[8] }
 	keys[f[1]] = true
 	store = stores[1]
 	-- The common case writes its value with "..", the general path with

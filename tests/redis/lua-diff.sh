@@ -24,6 +24,6 @@ status=0
 "$gen" 2 "$((total - half))" 20 | lua5.1 "$driver" "$script" --general || status=1
 wait $first || status=1
 # Then hand-made steps the generator never writes: numbers with leading
-# zeros, rate 0 per a period other than 1, times below 1 s.
+# zeros, rate 0 per a period other than 1, times below 1 s, the server's clock.
 lua5.1 "$driver" "$script" --general < "$(dirname "$0")/noncanonical.steps" || status=1
 exit $status
