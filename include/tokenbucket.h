@@ -44,7 +44,7 @@ extern "C" {
 
 /* The version, defined here once; the build system reads it from this file. */
 #define TOKENBUCKET_VERSION_MAJOR 1
-#define TOKENBUCKET_VERSION_MINOR 1
+#define TOKENBUCKET_VERSION_MINOR 2
 #define TOKENBUCKET_VERSION_PATCH 0
 #define TOKENBUCKET_VERSION_NUMBER \
 	(TOKENBUCKET_VERSION_MAJOR * 10000 + TOKENBUCKET_VERSION_MINOR * 100 + \

@@ -179,9 +179,9 @@ END_TEST
 START_TEST(version_matches_header)
 {
 	ck_assert_uint_eq(tokenbucket_version_number(), TOKENBUCKET_VERSION_NUMBER);
-	ck_assert_uint_eq(TOKENBUCKET_VERSION_NUMBER, 10100);
+	ck_assert_uint_eq(TOKENBUCKET_VERSION_NUMBER, 10200);
 	ck_assert_str_eq(tokenbucket_version_string(), TOKENBUCKET_VERSION_STRING);
-	ck_assert_str_eq(tokenbucket_version_string(), "1.1.0");
+	ck_assert_str_eq(tokenbucket_version_string(), "1.2.0");
 }
 END_TEST
 
