@@ -4,13 +4,14 @@
  * keep-alive connection (reconnecting when the server closes it), one every
  * INTERVAL microseconds (0: back to back), and prints one line per response:
  *
- *   <ns since the first request was sent> <status> <RateLimit-Remaining or ->
+ *   <CLOCK_MONOTONIC ns when sent> <status> <RateLimit-Remaining or ->
  *   <Retry-After or -> <ns the response took>
  *
  *   tbnginx-client PORT N INTERVAL_US PATH [HEADER ...]
  *   tbnginx-client port        (prints a free loopback port the kernel chose)
  *
  * "%d" in a header is replaced by the request's index, for distinct keys.
+ * Times are absolute, so that the lines of clients run at once compare.
  * Exit 0 when every request got a response, 1 otherwise.
  */
 #include <arpa/inet.h>
@@ -184,14 +185,14 @@ int main(int argc, char **argv)
 			}
 		}
 		if (rc < 0) {
-			printf("%lld 000 - - 0\n", (long long)(now_ns() - start));
+			printf("%lld 000 - - 0\n", (long long)now_ns());
 			failed = 1;
 			continue;
 		}
 		char rem[32], retry[32];
 		header(head, "RateLimit-Remaining", rem, sizeof(rem));
 		header(head, "Retry-After", retry, sizeof(retry));
-		printf("%lld %d %s %s %lld\n", (long long)(sent - start), status, rem, retry,
+		printf("%lld %d %s %s %lld\n", (long long)sent, status, rem, retry,
 		       (long long)(now_ns() - sent));
 	}
 	if (fd >= 0)
