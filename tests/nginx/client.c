@@ -10,7 +10,8 @@
  *   tbnginx-client PORT N INTERVAL_US PATH [HEADER ...]
  *   tbnginx-client port        (prints a free loopback port the kernel chose)
  *
- * "%d" in a header is replaced by the request's index, for distinct keys.
+ * "%d" in a header is replaced by the request's index, for distinct keys
+ * (from N - 1 down to 0 when TBNGINX_REVERSE is set).
  * Times are absolute, so that the lines of clients run at once compare.
  * Exit 0 when every request got a response, 1 otherwise.
  */
@@ -153,6 +154,7 @@ int main(int argc, char **argv)
 	int64_t start = now_ns();
 	static char req[8192], head[16384];
 
+	int reverse = getenv("TBNGINX_REVERSE") != NULL;
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	for (long i = 0; i < n; i++) {
 		int64_t due = start + i * interval, t = now_ns();
@@ -166,7 +168,8 @@ int main(int argc, char **argv)
 			const char *pct = strstr(argv[h], "%d");
 			if (pct != NULL)
 				len += snprintf(req + len, sizeof(req) - (size_t)len, "%.*s%ld%s\r\n",
-						(int)(pct - argv[h]), argv[h], i, pct + 2);
+						(int)(pct - argv[h]), argv[h], reverse ? n - 1 - i : i,
+						pct + 2);
 			else
 				len += snprintf(req + len, sizeof(req) - (size_t)len, "%s\r\n", argv[h]);
 		}
