@@ -35,6 +35,9 @@
 #define NGX_HTTP_TB_DELAYED_DRY_RUN 4
 #define NGX_HTTP_TB_REJECTED_DRY_RUN 5
 
+/* Limits of one location decided without allocating (more are allocated). */
+#define NGX_HTTP_TB_LOCAL_LIMITS 8
+
 /* Room the slab pool takes besides the table: its header and page table. */
 #define NGX_HTTP_TB_SLAB_PAGES 8
 
@@ -625,9 +628,9 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	ngx_http_tokenbucket_zone_t *z;
 	ngx_http_tokenbucket_ctx_t *ctx;
 	ngx_pool_cleanup_t *cln;
-	struct tokenbucket_reservation *rv;
+	struct tokenbucket_reservation *rv, rv_local[NGX_HTTP_TB_LOCAL_LIMITS] = { 0 };
 	struct tokenbucket_result res, best;
-	ngx_str_t *keys;
+	ngx_str_t *keys, keys_local[NGX_HTTP_TB_LOCAL_LIMITS];
 	ngx_uint_t i, j, n, have_best = 0, level;
 	uint64_t cost = 0;
 	int64_t now, wait = 0, max_wait;
@@ -642,8 +645,12 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	ctx = ngx_pcalloc(r->main->pool, sizeof(*ctx));
 	cln = ngx_pool_cleanup_add(r->main->pool, 0);
 	n = tcf->limits->nelts;
-	rv = ngx_pcalloc(r->pool, n * sizeof(*rv));
-	keys = ngx_pcalloc(r->pool, n * sizeof(*keys));
+	rv = rv_local;
+	keys = keys_local;
+	if (n > NGX_HTTP_TB_LOCAL_LIMITS) {
+		rv = ngx_pcalloc(r->pool, n * sizeof(*rv));
+		keys = ngx_pcalloc(r->pool, n * sizeof(*keys));
+	}
 	if (ctx == NULL || cln == NULL || rv == NULL || keys == NULL)
 		return NGX_HTTP_INTERNAL_SERVER_ERROR;
 	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
