@@ -47,7 +47,7 @@ OPTIONS
 EXIT STATUS
 SEE ALSO"
 pages=0
-for page in "$src"/man/man1/*.1 "$src"/man/man3/*.3 "$src"/man/man7/*.7; do
+for page in "$src"/man/man1/*.1 "$src"/man/man3/*.3 "$src"/man/man5/*.5 "$src"/man/man7/*.7; do
 	[ -f "$page" ] || continue
 	pages=$((pages + 1))
 	name=$(basename "$page")

@@ -46,6 +46,12 @@ static const struct {
 	{ "0.001/s", 1, 1000 * NS, false },
 	{ "007.50/min", 1, 8 * NS, false },
 	{ "18446744073709551615/s", UINT64_MAX / 5, NS / 5, false },
+	{ "10r/s", 1, NS / 10, false },     /* nginx's spelling */
+	{ "2.5r/min", 1, 24 * NS, false },
+	{ "7r/3s", 7, 3 * NS, false },
+	{ "7/3s", 7, 3 * NS, false },
+	{ "1MB/10s", 1, 10000, true },
+	{ "30r/2min", 1, 4 * NS, false },
 };
 
 START_TEST(rate_good)
@@ -107,6 +113,11 @@ static const struct bad {
 	{ "1000000000000000000000000000000000000000", -ERANGE, "too many digits" },
 	{ "20Ei/ns", -EINVAL, "unknown period \"ns\"" },
 	{ "100000000000Ei/s", -ERANGE, "too large or too fine" },
+	{ "5/0s", -EINVAL, "unknown period \"0s\"" },
+	{ "5rB/s", -EINVAL, "unexpected \"B/s\"" },
+	{ "5/3", -EINVAL, "unknown period \"3\"" },
+	{ "5/99999999999999999999s", -ERANGE, "period too long" },
+	{ "5/9223372036854775807d", -ERANGE, "too large or too fine" },
 };
 
 static void check_bad(const struct bad *b, int e, const char *err)

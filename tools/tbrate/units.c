@@ -97,10 +97,18 @@ static int parse_prefix(const char *s, const char **p, u128 *factor, char *err)
 	return 0;
 }
 
-/* A byte or bit unit at *p, if any: 1 for bytes and none, 8 for bits. */
+/*
+ * A byte or bit unit at *p, if any: 1 for bytes and none, 8 for bits.  "r"
+ * (requests, as nginx writes rates) is a token like no unit at all.
+ */
 static u128 parse_unit(const char **p, bool *named)
 {
 	const char *c = *p;
+	*named = false;
+	if (*c == 'r') {
+		*p = c + 1;
+		return 1;
+	}
 	*named = true;
 	if (strncmp(c, "bit", 3) == 0) {
 		*p = c + 3;
@@ -180,8 +188,18 @@ int tbrate_parse_rate(const char *s, struct tbrate_rate *out, char err[TBRATE_ER
 		return e;
 	per_byte = parse_unit(&p, &named);
 	const struct named_span *period = &periods[0];
+	u128 count = 1; /* "7/3s": the period may be a whole multiple of a unit */
 	if (*p == '/') {
-		period = find_span(periods, p + 1);
+		const char *u = p + 1;
+		if (*u >= '1' && *u <= '9') {
+			count = 0;
+			for (; *u >= '0' && *u <= '9'; u++)
+				if (__builtin_mul_overflow(count, 10, &count) ||
+				    __builtin_add_overflow(count, (unsigned)(*u - '0'), &count) ||
+				    count > INT64_MAX)
+					return fail(err, -ERANGE, "\"%s\": period too long", s);
+		}
+		period = find_span(periods, u);
 		if (period == NULL)
 			return fail(err, -EINVAL,
 				    "\"%s\": unknown period \"%s\" (s, min, h or d)", s, p + 1);
@@ -193,7 +211,8 @@ int tbrate_parse_rate(const char *s, struct tbrate_rate *out, char err[TBRATE_ER
 			    s);
 	u128 num, den;
 	if (__builtin_mul_overflow(d.num, factor, &num) ||
-	    __builtin_mul_overflow(d.den, (u128)period->ns * per_byte, &den))
+	    __builtin_mul_overflow(d.den, (u128)period->ns * per_byte, &den) ||
+	    __builtin_mul_overflow(den, count, &den))
 		return fail(err, -ERANGE, "\"%s\": too large or too fine to hold exactly", s);
 	struct tbrate_rate r = { .bytes_unit = named };
 	uint64_t q = 0;

@@ -9,7 +9,9 @@
  *   prefix   := k M G T P E  (SI, powers of 1000)
  *             | Ki Mi Gi Ti Pi Ei  (IEC, powers of 1024)
  *   unit     := "B" (bytes) | "b" or "bit" (bits: 8 make a byte token)
- *   period   := "s" | "min" | "h" | "d"          (default "s")
+ *             | "r" (requests, nginx's spelling: a token, as no unit)
+ *   period   := [count] ( "s" | "min" | "h" | "d" )   (default "s";
+ *               count: a whole multiple, "7r/3s" is 7 tokens per 3 s)
  *
  * A rate is kept as an exact ratio in lowest terms: tokens per period_ns
  * ("2.5M/s" is 1 token per 400 ns, "1.5Ki/min" 128 per 5e9 ns, "10Mbit/s"
