@@ -211,13 +211,17 @@ if common then
 		end
 		local ls = lv == 0 and "0" or (lv < 1e14 and lv > -1e14) and lv .. "" or format("%.0f", lv)
 		local rs = rem == 0 and "0" or rem < 1e14 and rem .. "" or format("%.0f", rem)
-		local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. cfg
-		-- Expiry measures the server's clock: a call at the caller's time
-		-- writes a key that stays (tokenbucket-redis(7), "Memory").
-		if ms and tm then
-			redis.call("SET", key, value, "PX", ms)
-		else
-			redis.call("SET", key, value)
+		-- Refused for want of tokens on the server's clock: nothing to write
+		-- (see the general path's end).
+		if code == 1 or not tm then
+			local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. cfg
+			-- Expiry measures the server's clock: a call at the caller's
+			-- time writes a key that stays (tokenbucket-redis(7), "Memory").
+			if ms and tm then
+				redis.call("SET", key, value, "PX", ms)
+			else
+				redis.call("SET", key, value)
+			end
 		end
 		return { code, ts, ls, rs, b, acts, fulls }
 	until true
@@ -720,7 +724,7 @@ local function covered(d)
 	return tadd(clock, pdivceil(psub(pmul(d, sq), rem), sp))
 end
 
-local changed = false
+local changed, reconf = false, false
 -- A call whose configuration differs reconfigures the bucket at now, as
 -- set_rate_every_at and then set_burst_at would.
 if pcmp(pmul(p, sq), pmul(sp, q)) ~= 0 then
@@ -737,24 +741,24 @@ if pcmp(pmul(p, sq), pmul(sp, q)) ~= 0 then
 	else
 		rem = 0
 	end
-	sp, sq, changed = p, q, true
+	sp, sq, changed, reconf = p, q, true, true
 end
 if pcmp(burst, sb) ~= 0 then
 	advance(now)
-	sb, changed = burst, true
+	sb, changed, reconf = burst, true, true
 	if pcmp(tok, sb) > 0 then
 		tok = sb
 	end
 end
 
-local code, act = 1, nil
+local code, act, enough = 1, nil, nil
 if op == "allow" or op == "reserve" then
 	if pcmp(n, sb) > 0 then
 		code = 2
 	else
 		advance(now)
 		changed = true
-		local enough = debt == 0 and pcmp(tok, n) >= 0
+		enough = debt == 0 and pcmp(tok, n) >= 0
 		if op == "allow" then
 			if enough then
 				tok, act = psub(tok, n), clock
@@ -806,8 +810,21 @@ end
 -- full bucket and a missing key are the same.  One that never fills stays,
 -- and so does one written at the caller's time: its nanoseconds need not
 -- be the server's, and a key that vanished would forget its clock.
+--
+-- A refusal for want of tokens on the server's clock, with the key's
+-- configuration, writes nothing: it took nothing and moved only the clock,
+-- below burst (a bucket holding n would have granted), so production from
+-- the stored clock to any later time is what it would have been from this
+-- one, the time it is full again is unchanged, and so is its expiry.  Only
+-- a server clock stepped back sees the difference: the stored clock still
+-- never goes back and no token is produced twice, but until the clock is
+-- past this call again the bucket holds what it held at the earlier time,
+-- less, never more (an allow decides alike; a reserve may wait longer).
 local missing = padd(psub(sb, tok), debt)
 local full = missing == 0 and clock or covered(missing)
+if tm and stored and not reconf and (code == 3 or (code == 0 and not enough)) then
+	changed = false
+end
 if changed then
 	local value = table.concat({ "tb1", tshow(clock), (debt ~= 0 and "-" .. pstr(debt) or pstr(tok)),
 		pstr(rem), pstr(sp), pstr(sq), pstr(sb) }, " ")

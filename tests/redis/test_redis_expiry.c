@@ -6,6 +6,8 @@
  * written at the caller's time.
  */
 #include <hiredis/hiredis.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "check_redis.h"
@@ -88,6 +90,48 @@ START_TEST(test_explicit_time_keys_stay)
 }
 END_TEST
 
+static char *value_of(const char *key)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	redisReply *r = redisCommand(c, "GET %s", key);
+	ck_assert_ptr_nonnull(r);
+	ck_assert_int_eq(r->type, REDIS_REPLY_STRING);
+	char *v = strdup(r->str);
+	freeReplyObject(r);
+	redisFree(c);
+	return v;
+}
+
+START_TEST(test_refusal_writes_nothing)
+{
+	/* 1 token per hour, burst 2: the third call is refused. */
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 2 };
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), &lim, 2, &res), 0);
+	ck_assert(res.allowed);
+	char *before = value_of("r");
+	usleep(20000);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), &lim, 1, &res), 0);
+		ck_assert(!res.allowed);
+		struct tokenbucket_reservation rv;
+		ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("r"), &lim, 1, SEC, &rv, &res), -ETIMEDOUT);
+	}
+	char *after = value_of("r");
+	ck_assert_str_eq(after, before);
+	free(after);
+	/* A grant writes. */
+	ck_assert_int_eq(tokenbucket_redis_reset(cli, KEY("r"), &lim, 2), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), &lim, 1, &res), 0);
+	ck_assert(res.allowed);
+	after = value_of("r");
+	ck_assert_str_ne(after, before);
+	free(after);
+	free(before);
+}
+END_TEST
+
 START_TEST(test_never_full_never_expires)
 {
 	const struct tokenbucket_redis_limit zero = { .tokens = 0, .period_ns = 1, .burst = 10 };
@@ -106,6 +150,6 @@ Suite *redis_expiry_suite(void)
 {
 	Suite *s = suite_create("redis-expiry");
 	redis_tcase(s, "expiry", redis_setup, 30,
-		    (const TTest *const[]){ test_idle_key_expires_when_full, test_explicit_time_keys_stay, test_never_full_never_expires, NULL });
+		    (const TTest *const[]){ test_idle_key_expires_when_full, test_explicit_time_keys_stay, test_refusal_writes_nothing, test_never_full_never_expires, NULL });
 	return s;
 }
