@@ -34,18 +34,14 @@ local LIM = 9007199254740992 -- 2^53
 local NEVER = "9223372036854775807"
 local BIL = 1000000000
 
-local function bad(what)
-	return redis.error_reply("ERR tokenbucket: bad " .. what)
-end
-
 -- ---- The call -------------------------------------------------------------------
 
 local key, op = KEYS[1], ARGV[1]
 if #KEYS ~= 1 or #ARGV ~= 7 then
-	return bad("argument count")
+	return redis.error_reply("ERR tokenbucket: bad argument count")
 end
 if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "tokens" and op ~= "reset" then
-	return bad("op")
+	return redis.error_reply("ERR tokenbucket: bad op")
 end
 -- The server's clock is read once, whichever path decides.
 local tm = ARGV[2] == "" and redis.call("TIME") or nil
@@ -85,8 +81,9 @@ if common then
 		if tm then
 			th, tl = tm[1] + 0, tm[2] * 1000
 		else
-			local h, l = match(ARGV[2], "^(%d+)(%d%d%d%d%d%d%d%d%d)$")
-			if not h or #h > 10 then
+			-- 19 digits (from 2001 on), so that the pattern never backtracks.
+			local h, l = match(ARGV[2], "^(%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
+			if not h then
 				break
 			end
 			th, tl = h + 0, l + 0
@@ -97,8 +94,11 @@ if common then
 		-- The bucket: clock (h0, l0), level lv (negative in debt), fraction rem/q.
 		local h0, l0, lv, rem
 		if stored then
-			local c, d, l, r, sc = match(stored, "^tb1 (%d+)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (.*)$")
-			if not c or sc ~= cfg or #c > 10 or #l > 16 or #r > 15 then
+			-- A clock of 19 digits, again so that the pattern never backtracks
+			-- (a variable-length head costs more than the rest of the match).
+			local c, d, l, r, sc = match(stored,
+				"^tb1 (%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (.*)$")
+			if not c or sc ~= cfg or #l > 16 or #r > 15 then
 				break
 			end
 			-- "-0" + 0 is -0, and -0 + 0 is 0: a level written "-0" reads as 0.
@@ -225,6 +225,11 @@ if common then
 		end
 		return { code, ts, ls, rs, b, acts, fulls }
 	until true
+end
+
+-- Defined here, past the common case, which so makes no closure.
+local function bad(what)
+	return redis.error_reply("ERR tokenbucket: bad " .. what)
 end
 
 -- ---- The general path: times {hi, lo} = hi * 10^9 + lo, 0 <= lo < 10^9 -----
