@@ -20,6 +20,9 @@
  *  - Time comes from the Redis server (TIME, nanoseconds since the epoch);
  *    the _at functions take the caller's time instead, on any time base
  *    that every user of the key shares.  Time never runs backwards per key.
+ *    A key written at the server's time expires a second after its bucket
+ *    is full again (a missing key is a full bucket); one written by an _at
+ *    call does not expire, since its time need not be the server's.
  *  - Functions return 0 or a negative errno value; see tokenbucket-redis(7)
  *    for the table.  -ETIME means no reply within the command timeout.
  *  - One client may be used from any number of threads at once: each call

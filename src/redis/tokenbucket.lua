@@ -29,23 +29,19 @@
 -- general path.
 
 local floor, fmod, format, tonumber = math.floor, math.fmod, string.format, tonumber
-local find, match, ssub = string.find, string.match, string.sub
+local find, match = string.find, string.match
 local LIM = 9007199254740992 -- 2^53
 local NEVER = "9223372036854775807"
 local BIL = 1000000000
-
-local function bad(what)
-	return redis.error_reply("ERR tokenbucket: bad " .. what)
-end
 
 -- ---- The call -------------------------------------------------------------------
 
 local key, op = KEYS[1], ARGV[1]
 if #KEYS ~= 1 or #ARGV ~= 7 then
-	return bad("argument count")
+	return redis.error_reply("ERR tokenbucket: bad argument count")
 end
 if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "tokens" and op ~= "reset" then
-	return bad("op")
+	return redis.error_reply("ERR tokenbucket: bad op")
 end
 -- The server's clock is read once, whichever path decides.
 local tm = ARGV[2] == "" and redis.call("TIME") or nil
@@ -53,93 +49,65 @@ local stored = redis.call("GET", key)
 
 -- ---- The common case, in doubles ------------------------------------------------
 -- allow or reserve on a new bucket, or on a stored one whose configuration
--- is the call's, every number in canonical decimal below 10^15, every
--- product checked below 2^53.  A break hands the call, untouched, to the
--- general path, which decides it alike.  It comes first and is written
--- inline: every closure a call creates allocates its upvalues, and every
--- line costs Redis's CPU.  Decimals are formatted with %d while any C
--- long holds the value (formatting a long is cheaper than %.0f).
-
--- For d more tokens at rate p/q with fraction rem, from the time th * 10^9
--- + tl (ts in decimal): the ns until they are there and that time in
--- decimal; false and NEVER for never (rate 0, or INT64_MAX or later); nil
--- to hand over.
-local function wait_for(d, p, q, rem, th, tl, ts)
-	if d <= 0 then
-		return 0, ts
-	end
-	if p == 0 then
-		return false, NEVER
-	end
-	local x = d * q - rem
-	if x >= LIM then
-		return nil
-	end
-	-- fmod is exact, and so then is the division of what it leaves.
-	local m = fmod(x, p)
-	local w = (x - m) / p
-	if m > 0 then
-		w = w + 1
-	end
-	local wr = fmod(w, BIL)
-	local h, lo = th + (w - wr) / BIL, tl + wr
-	if lo >= BIL then
-		h, lo = h + 1, lo - BIL
-	end
-	if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
-		return false, NEVER
-	end
-	return w, h < 2147483648 and format("%d%09d", h, lo) or format("%.0f%09.0f", h, lo)
-end
+-- is the call's, every number below 10^15, every product checked below
+-- 2^53.  A break hands the call, untouched, to the general path, which
+-- decides it alike.  It comes first and is written inline, and it counts
+-- the C functions it calls, each of which costs Redis's CPU far more than
+-- a line of arithmetic: the arguments and the stored value are checked by
+-- one pattern each and read by coercion (a string of digits in arithmetic
+-- is its number), lengths bound what a pattern cannot, and numbers below
+-- 10^14 become strings by concatenation, which is exact there.  The two
+-- waits are written out rather than made a function: a closure allocates
+-- its upvalues on every call.  Decimals are formatted with %d while any C
+-- long holds the value, %.0f beyond.
 
 local common = op == "allow" or op == "reserve"
 if common then
 	repeat
 		local a, b, u, ns = ARGV[3], ARGV[4], ARGV[5], ARGV[6]
-		if #a > 15 or #b > 15 or #u > 15 or #ns == 0 or #ns > 15 or find(ns, "%D")
-			or not (a == "0" or find(a, "^[1-9]%d*$")) or not find(b, "^[1-9]%d*$")
-			or not (u == "0" or find(u, "^[1-9]%d*$")) then
+		-- Digits only, and tokens, period and burst from 1 on with no
+		-- leading zero, as the value is written with them as sent (a rate
+		-- or a burst of 0 goes on).
+		local cfg = a .. " " .. b .. " " .. u
+		if not find(cfg .. " " .. ns, "^[1-9]%d* [1-9]%d* [1-9]%d* %d+$") then
 			break
 		end
-		local p, q, sb, n = tonumber(a), tonumber(b), tonumber(u), tonumber(ns)
-		if (p == 0 and q ~= 1) or n > sb then
+		local p, q, sb, n = a + 0, b + 0, u + 0, ns + 0
+		if p >= 1e15 or q >= 1e15 or sb >= 1e15 or n > sb then
 			break
 		end
-		-- now as (th, tl): the server's clock, or a decimal from 1 s to below INT64_MAX.
+		-- now as (th, tl): whole seconds from 1 on, and ns, below INT64_MAX.
 		local th, tl
 		if tm then
-			th, tl = tonumber(tm[1]), tonumber(tm[2])
-			if not th or th < 1 or not tl or tl >= 1000000 then
-				break
-			end
-			tl = tl * 1000
+			th, tl = tm[1] + 0, tm[2] * 1000
 		else
-			local s = ARGV[2]
-			local m = #s
-			if m < 10 or m > 19 or ssub(s, 1, 1) == "0" or find(s, "%D") then
+			-- 19 digits (from 2001 on), so that the pattern never backtracks.
+			local h, l = match(ARGV[2], "^(%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
+			if not h then
 				break
 			end
-			th, tl = tonumber(ssub(s, 1, m - 9)), tonumber(ssub(s, m - 8))
+			th, tl = h + 0, l + 0
 		end
-		if th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
+		if th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
 			break
 		end
 		-- The bucket: clock (h0, l0), level lv (negative in debt), fraction rem/q.
 		local h0, l0, lv, rem
 		if stored then
-			local c, l, r, sa, sq, su = match(stored, "^tb1 (%d+) (%-?%d+) (%d+) (%d+) (%d+) (%d+)$")
-			if not c or sa ~= a or sq ~= b or su ~= u then
+			-- A clock of 19 digits, again so that the pattern never backtracks
+			-- (a variable-length head costs more than the rest of the match).
+			local c, d, l, r, sc = match(stored,
+				"^tb1 (%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (.*)$")
+			if not c or sc ~= cfg or #l > 16 or #r > 15 then
 				break
 			end
-			local m = #c
-			if m < 10 or m > 19 or ssub(c, 1, 1) == "0" or #l > 15 or #r > 15 then
-				break
-			end
-			h0, l0, lv, rem = tonumber(ssub(c, 1, m - 9)), tonumber(ssub(c, m - 8)), tonumber(l),
-				tonumber(r)
-			-- A clock at INT64_MAX, a fraction of a token or more, more
-			-- than burst: not a bucket this path may write over.
-			if h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) or rem >= q or lv > sb then
+			-- "-0" + 0 is -0, and -0 + 0 is 0: a level written "-0" reads as 0.
+			h0, l0, lv, rem = c + 0, d + 0, l + 0, r + 0
+			-- A clock before 1 s or at INT64_MAX, a fraction of a token or
+			-- more, more than burst, debt beyond 10^15: not a bucket this
+			-- path may write over.
+			if h0 < 1 or h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) or rem >= q
+				or lv > sb or lv <= -1e15 then
 				break
 			end
 		else
@@ -150,42 +118,62 @@ if common then
 		if th < h0 or (th == h0 and tl < l0) then
 			th, tl = h0, l0
 		end
-		if p ~= 0 then
-			local dh = th - h0
-			if dh >= 9007198 then
-				break
-			end
-			local x = (dh * BIL + (tl - l0)) * p + rem
-			if x >= LIM then
-				break
-			end
-			rem = fmod(x, q)
-			if lv < sb then
-				lv = lv + (x - rem) / q
-				if lv > sb then
-					lv = sb
-				end
+		local dh = th - h0
+		if dh >= 9007198 then
+			break
+		end
+		local x = (dh * BIL + (tl - l0)) * p + rem
+		if x >= LIM then
+			break
+		end
+		rem = fmod(x, q)
+		if lv < sb then
+			lv = lv + (x - rem) / q
+			if lv > sb then
+				lv = sb
 			end
 		end
 		local ts = th < 2147483648 and format("%d%09d", th, tl) or format("%.0f%09.0f", th, tl)
-		local code, w, acts = 1, wait_for(n - lv, p, q, rem, th, tl, ts)
-		if w == nil then
-			break
+		-- When n tokens are there: w ns from t (false: never), acts in decimal.
+		-- The least w with w p >= d q - rem; fmod is exact, and so then is
+		-- the division of what it leaves.
+		local w, acts = 0, ts
+		local d = n - lv
+		if d > 0 then
+			local x = d * q - rem
+			if x >= LIM then
+				break
+			end
+			local m = fmod(x, p)
+			w = (x - m) / p
+			if m > 0 then
+				w = w + 1
+			end
+			local wr = fmod(w, BIL)
+			local h, lo = th + (w - wr) / BIL, tl + wr
+			if lo >= BIL then
+				h, lo = h + 1, lo - BIL
+			end
+			if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
+				w, acts = false, NEVER
+			else
+				acts = h < 2147483648 and format("%d%09d", h, lo) or format("%.0f%09.0f", h, lo)
+			end
 		end
+		local code = 1
 		if op == "allow" then
-			if lv < n then
+			if d > 0 then
 				code = 0
 			end
 		else
-			-- max_wait: INT64_MAX is no limit; otherwise a decimal below
-			-- 10^15 here (a negative one, which no wait is short enough
-			-- for, goes on).
+			-- max_wait: INT64_MAX is no limit; otherwise digits below 10^15
+			-- here (a negative one, which no wait is short enough for, goes on).
 			local mw = ARGV[7]
 			if mw ~= NEVER then
-				if #mw == 0 or #mw > 15 or find(mw, "%D") then
+				if #mw > 15 or not find(mw, "^%d+$") then
 					break
 				end
-				if not w or w > tonumber(mw) then
+				if not w or w > mw + 0 then
 					code = 0
 				end
 			end
@@ -193,23 +181,55 @@ if common then
 		if code == 1 then
 			lv = lv - n
 		end
-		local wf, fulls = wait_for(sb - lv, p, q, rem, th, tl, ts)
-		if wf == nil then
-			break
+		-- When the bucket is full again, fulls in decimal; ms: the key's
+		-- expiry, a second after that (false: none, as it never fills).
+		local fulls, ms = ts, 1000
+		d = sb - lv
+		if d > 0 then
+			local x = d * q - rem
+			if x >= LIM then
+				break
+			end
+			local m = fmod(x, p)
+			local wf = (x - m) / p
+			if m > 0 then
+				wf = wf + 1
+			end
+			local wr = fmod(wf, BIL)
+			local h, lo = th + (wf - wr) / BIL, tl + wr
+			if lo >= BIL then
+				h, lo = h + 1, lo - BIL
+			end
+			if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
+				fulls, ms = NEVER, false
+			else
+				fulls = h < 2147483648 and format("%d%09d", h, lo) or format("%.0f%09.0f", h, lo)
+				-- ns up, to ms, a second more (below 2^53 / 10^6: %.14g is exact)
+				ms = (wf + 999999) / 1000000
+				ms = ms - ms % 1 + 1000
+			end
 		end
-		-- %d prints a level of -0 as 0, as the general path writes it.
-		local ls = (lv < 2147483648 and lv > -2147483648) and format("%d", lv) or format("%.0f", lv)
-		local rs = rem < 2147483648 and format("%d", rem) or format("%.0f", rem)
-		local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. a .. " " .. b .. " " .. u
-		if wf then
-			-- Expires a second after it is full again (ms, rounded up).
-			local ms = floor((wf + 999999) / 1000000) + 1000
-			redis.call("SET", key, value, "PX", ms < 2147483648 and format("%d", ms) or format("%.0f", ms))
-		else
-			redis.call("SET", key, value)
+		local ls = lv == 0 and "0" or (lv < 1e14 and lv > -1e14) and lv .. "" or format("%.0f", lv)
+		local rs = rem == 0 and "0" or rem < 1e14 and rem .. "" or format("%.0f", rem)
+		-- Refused for want of tokens on the server's clock: nothing to write
+		-- (see the general path's end).
+		if code == 1 or not tm then
+			local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. cfg
+			-- Expiry measures the server's clock: a call at the caller's
+			-- time writes a key that stays (tokenbucket-redis(7), "Memory").
+			if ms and tm then
+				redis.call("SET", key, value, "PX", ms)
+			else
+				redis.call("SET", key, value)
+			end
 		end
 		return { code, ts, ls, rs, b, acts, fulls }
 	until true
+end
+
+-- Defined here, past the common case, which so makes no closure.
+local function bad(what)
+	return redis.error_reply("ERR tokenbucket: bad " .. what)
 end
 
 -- ---- The general path: times {hi, lo} = hi * 10^9 + lo, 0 <= lo < 10^9 -----
@@ -709,7 +729,7 @@ local function covered(d)
 	return tadd(clock, pdivceil(psub(pmul(d, sq), rem), sp))
 end
 
-local changed = false
+local changed, reconf = false, false
 -- A call whose configuration differs reconfigures the bucket at now, as
 -- set_rate_every_at and then set_burst_at would.
 if pcmp(pmul(p, sq), pmul(sp, q)) ~= 0 then
@@ -726,24 +746,24 @@ if pcmp(pmul(p, sq), pmul(sp, q)) ~= 0 then
 	else
 		rem = 0
 	end
-	sp, sq, changed = p, q, true
+	sp, sq, changed, reconf = p, q, true, true
 end
 if pcmp(burst, sb) ~= 0 then
 	advance(now)
-	sb, changed = burst, true
+	sb, changed, reconf = burst, true, true
 	if pcmp(tok, sb) > 0 then
 		tok = sb
 	end
 end
 
-local code, act = 1, nil
+local code, act, enough = 1, nil, nil
 if op == "allow" or op == "reserve" then
 	if pcmp(n, sb) > 0 then
 		code = 2
 	else
 		advance(now)
 		changed = true
-		local enough = debt == 0 and pcmp(tok, n) >= 0
+		enough = debt == 0 and pcmp(tok, n) >= 0
 		if op == "allow" then
 			if enough then
 				tok, act = psub(tok, n), clock
@@ -792,15 +812,30 @@ else -- reset: the clock becomes now, even if earlier
 end
 
 -- The bucket is full again at "full"; it expires a second after that, as a
--- full bucket and a missing key are the same.  One that never fills stays.
+-- full bucket and a missing key are the same.  One that never fills stays,
+-- and so does one written at the caller's time: its nanoseconds need not
+-- be the server's, and a key that vanished would forget its clock.
+--
+-- A refusal for want of tokens on the server's clock, with the key's
+-- configuration, writes nothing: it took nothing and moved only the clock,
+-- below burst (a bucket holding n would have granted), so production from
+-- the stored clock to any later time is what it would have been from this
+-- one, the time it is full again is unchanged, and so is its expiry.  Only
+-- a server clock stepped back sees the difference: the stored clock still
+-- never goes back and no token is produced twice, but until the clock is
+-- past this call again the bucket holds what it held at the earlier time,
+-- less, never more (an allow decides alike; a reserve may wait longer).
 local missing = padd(psub(sb, tok), debt)
 local full = missing == 0 and clock or covered(missing)
+if tm and stored and not reconf and (code == 3 or (code == 0 and not enough)) then
+	changed = false
+end
 if changed then
 	local value = table.concat({ "tb1", tshow(clock), (debt ~= 0 and "-" .. pstr(debt) or pstr(tok)),
 		pstr(rem), pstr(sp), pstr(sq), pstr(sb) }, " ")
-	local ms = full and pdivceil(tdiff(full, clock), 1000000)
-	if ms == nil or type(ms) ~= "number" or ms > 70368744177664 then
-		redis.call("SET", key, value) -- never full, or not for 2^46 ms
+	local ms = full and tm and pdivceil(tdiff(full, clock), 1000000)
+	if not ms or type(ms) ~= "number" or ms > 70368744177664 then
+		redis.call("SET", key, value) -- never full, the caller's time, or not for 2^46 ms
 	else
 		redis.call("SET", key, value, "PX", string.format("%.0f", ms + 1000))
 	end

@@ -11,8 +11,9 @@
 -- time_to_act, both exact; tokens is tokens_at's value, checked to 1e-9
 -- relative ("-": not checked).  With --general every step also runs on the
 -- script with its common case turned off, on a store of its own, and must
--- give the same reply, the same stored value and the same expiry.  Exits 1
--- at the first difference.
+-- give the same reply, the same stored value and the same expiry.  A step
+-- at the caller's time must leave the key without an expiry.  Exits 1 at
+-- the first difference.
 local script = assert(loadfile(arg[1]))
 local general
 if arg[2] == "--general" then
@@ -92,6 +93,13 @@ for line in io.lines() do
 				line, "\n  common  ", a, "\n  general ", b, "\n")
 			os.exit(1)
 		end
+	end
+	-- Expiry runs on the server's clock: a step at the caller's time leaves
+	-- the key without one.
+	if f[3] ~= "server" and store[f[1]] and store[f[1]].px ~= "" then
+		io.stderr:write("a step at the caller's time set an expiry at step ", steps + 1, ":\n  ",
+			line, "\n  ", store[f[1]].px, "\n")
+		os.exit(1)
 	end
 	local wc, wact, wtok = string.match(want, "^(%S+) (%S+) (%S+)$")
 	local ok, got
