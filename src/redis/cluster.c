@@ -5,9 +5,9 @@
  * CLUSTERDOWN) followed within the call's time.
  *
  * A call is repeated only when it certainly did not run: its connection
- * could not be made, or the node answered with an error that says it did
- * not run the script (a redirection, NOSCRIPT, TRYAGAIN, CLUSTERDOWN,
- * LOADING, MASTERDOWN).  A call whose reply was lost (reset, timeout) may
+ * could not be made, writing it failed, or the node answered with an error
+ * that says it did not run the script (a redirection, NOSCRIPT, TRYAGAIN,
+ * CLUSTERDOWN, LOADING, MASTERDOWN).  A call whose reply was lost (reset, timeout) may
  * have taken tokens and is never sent again: it returns that error.
  *
  * Concurrency: the map is an array of atomic node indices, read without a
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "cluster.h"
 #include "slots.h"
 
 /* Nodes a client remembers (seeds and every address a map or redirect named). */
@@ -175,7 +175,7 @@ static int get(struct tbr__cluster *cl, struct tbr__node *n, int64_t left, struc
 		return -ETIME;
 	/* A first attempt keeps the full timeout set on its socket: no system call. */
 	int64_t io = left >= cl->timeout_ns - TBR__SLACK_NS ? cl->timeout_ns : left;
-	return tbr__conn_get(n, connect_within(cl, left), io, true, c);
+	return tbr__conn_get(n, connect_within(cl, left), io, c, NULL);
 }
 
 /* Replaces the map with what node n (index self) says; 0 or a negative errno. */
@@ -185,10 +185,10 @@ static int ask_map(struct tbr__cluster *cl, struct tbr__node *n, int64_t deadlin
 	int err = get(cl, n, deadline - tokenbucket_now(), &c);
 	if (err != 0)
 		return err;
-	errno = 0;
-	redisReply *rep = redisCommand(c->c, "CLUSTER SLOTS");
-	if (rep == NULL) {
-		err = tbr__conn_error(c->c, errno);
+	static const char *const slots[] = { "CLUSTER", "SLOTS" };
+	redisReply *rep;
+	err = tbr__conn_command(c, 2, slots, &rep);
+	if (err != 0) {
 		tbr__conn_drop(c);
 		return err;
 	}
@@ -273,31 +273,6 @@ static struct tbr__node *route(struct tbr__cluster *cl, unsigned slot)
 	return cl->node[i];
 }
 
-/* The call, preceded by ASKING when asking; *rep the call's reply, or a connection error. */
-static int send_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,
-		     redisReply **rep)
-{
-	struct tbr__args a;
-	int err = tbr__args(call, &a);
-	if (err != 0)
-		return err;
-	*rep = NULL;
-	errno = 0;
-	if ((asking && redisAppendCommand(c->c, "ASKING") != REDIS_OK) ||
-	    redisAppendCommandArgv(c->c, TBR__ARGC, a.argv, a.len) != REDIS_OK)
-		return -ENOMEM;
-	void *r = NULL;
-	if (asking) {
-		if (redisGetReply(c->c, &r) != REDIS_OK)
-			return tbr__conn_error(c->c, errno);
-		freeReplyObject(r); /* +OK; an error here shows in the call's own reply */
-	}
-	if (redisGetReply(c->c, &r) != REDIS_OK)
-		return tbr__conn_error(c->c, errno);
-	*rep = r;
-	return 0;
-}
-
 static bool starts(const redisReply *rep, const char *prefix)
 {
 	size_t n = strlen(prefix);
@@ -336,14 +311,18 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			continue;
 		}
 		redisReply *rep;
-		err = send_call(c, call, ask != NULL, &rep);
+		bool unsent;
+		err = tbr__conn_call(c, call, ask != NULL, &rep, &unsent);
 		if (err != 0) {
-			/* The call may have run: it is not sent again.  Its siblings may be dead too. */
+			/* Its siblings may be dead too. */
 			tbr__conn_drop(c);
 			failed(n);
 			tbr__node_flush(n);
 			atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
-			return err;
+			if (!unsent)
+				return err; /* the call may have run: it is not sent again */
+			ask = NULL;
+			continue;
 		}
 		tbr__conn_put(n, c);
 		bool asking = ask != NULL;
