@@ -7,6 +7,7 @@
  */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -238,10 +239,60 @@ START_TEST(test_threads_share_a_client)
 }
 END_TEST
 
+/* xorshift64*: the tests' own numbers, the same on every run. */
+static uint64_t next_random(uint64_t *x)
+{
+	*x ^= *x >> 12;
+	*x ^= *x << 25;
+	*x ^= *x >> 27;
+	return *x * UINT64_C(0x2545f4914f6cdd1d);
+}
+
+START_TEST(test_tokens_bit_for_bit)
+{
+	/*
+	 * tokens_at on the server and on the local library, bit for bit: a
+	 * bucket reset to a random level, read a fraction of a few tokens'
+	 * time later, at rates whose fractions need every bit of a double.
+	 */
+	uint64_t x = 0x5eed7b1u;
+	int fractional = 0;
+	for (int i = 0; i < 3000; i++) {
+		struct tokenbucket_redis_limit l = {
+			.tokens = 1 + next_random(&x) % 1000000007,
+			.period_ns = 1 + (int64_t)(next_random(&x) % 999999999937),
+			/* Mostly small: a double rounded twice differs most often below 2^6. */
+			.burst = 1 + next_random(&x) % (i % 8 == 0 ? UINT64_C(1) << 40 : 64),
+		};
+		int64_t t0 = (int64_t)(next_random(&x) % (UINT64_C(1) << 50));
+		uint64_t level = next_random(&x) % l.burst;
+		/* Up to the time of about 3 tokens, so that most values have a fraction. */
+		uint64_t span = (uint64_t)l.period_ns * 3 / l.tokens + 2;
+		int64_t t1 = t0 + (int64_t)(next_random(&x) % span);
+		struct tokenbucket *tb;
+		ck_assert_int_eq(tokenbucket_create_every(&tb, l.tokens, l.period_ns, l.burst, 0), 0);
+		ck_assert_int_eq(tokenbucket_reset_at(tb, t0, level), 0);
+		double local = tokenbucket_tokens_at(tb, t1);
+		tokenbucket_free(tb);
+		char key[32];
+		snprintf(key, sizeof(key), "bits:%d", i);
+		ck_assert_int_eq(tokenbucket_redis_reset_at(cli, KEY(key), &l, t0, level), 0);
+		double remote = -1;
+		ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY(key), &l, t1, &remote, NULL), 0);
+		ck_assert_msg(memcmp(&remote, &local, sizeof(remote)) == 0,
+			      "%s: tokens %a, local %a", key, remote, local);
+		fractional += remote != (double)(uint64_t)remote;
+	}
+	/* The comparison is worth something only on values with fractions. */
+	ck_assert_int_gt(fractional, 2000);
+}
+END_TEST
+
 Suite *redis_api_suite(void)
 {
 	Suite *s = suite_create("redis-api");
 	redis_tcase(s, "api", redis_setup, 30,
-		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client, NULL });
+		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client,
+					    test_tokens_bit_for_bit, NULL });
 	return s;
 }
