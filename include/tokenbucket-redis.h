@@ -99,9 +99,11 @@ TOKENBUCKET_API int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r,
 						 const void *prefix, size_t len);
 /*
  * When Redis cannot answer (connection, timeout, OOM, READONLY, BUSY,
- * LOADING), allow and reserve decide with a local bucket per key holding
- * share (0 < share <= 1) of the rate and of the burst, and say so with
- * TOKENBUCKET_RESULT_LOCAL.  share 0 turns the fallback off (the default).
+ * LOADING, a cluster that is down), allow and reserve decide with a local
+ * bucket per key holding share (0 < share <= 1) of the rate and of the
+ * burst, and say so with TOKENBUCKET_RESULT_LOCAL.  A cluster node's
+ * CLUSTERDOWN is taken at once, without waiting for the timeout.  share 0
+ * turns the fallback off (the default).
  * -EINVAL: r NULL, share NaN, negative or above 1.
  */
 TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share);

@@ -175,8 +175,12 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 {
 	struct tbr__sigpipe sp;
 	tbr__sigpipe_block(&sp);
-	int err = r->cluster != NULL ? tbr__cluster_exchange(r->cluster, call, res, rv, tokens)
-				     : exchange(r, call, res, rv, tokens);
+	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
+	bool down_returns = r->share > 0 && (call->op == TOKENBUCKET_REDIS_ALLOW ||
+					     call->op == TOKENBUCKET_REDIS_RESERVE);
+	int err = r->cluster != NULL
+		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
+		: exchange(r, call, res, rv, tokens);
 	tbr__sigpipe_restore(&sp);
 	return err;
 }

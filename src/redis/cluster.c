@@ -281,7 +281,7 @@ static bool starts(const redisReply *rep, const char *prefix)
 
 int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call *call,
 			  struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
-			  double *tokens)
+			  double *tokens, bool down_returns)
 {
 	struct tbr__args check;
 	int err = tbr__args(call, &check);
@@ -363,6 +363,11 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			/* Not run; the cluster is moving a slot, electing, or loading. */
 			err = -EAGAIN;
 			atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
+			if (down_returns && starts(rep, "CLUSTERDOWN")) {
+				/* The caller has a fallback: it decides now, not after the timeout. */
+				freeReplyObject(rep);
+				return err;
+			}
 			pause_until(deadline);
 		} else {
 			err = tbr__decode(call, rep, res, rv, tokens);
