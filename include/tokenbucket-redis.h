@@ -237,6 +237,82 @@ TOKENBUCKET_API int tokenbucket_redis_parse(const struct tokenbucket_redis_call 
 /* The Lua script's text (NUL-terminated) and, if sha1 is not NULL, its SHA-1 in hex. */
 TOKENBUCKET_API const char *tokenbucket_redis_script(const char **sha1);
 
+/* ---- Without blocking: an event loop drives the client (since 1.2) ----- */
+
+struct tokenbucket_redis_async;
+
+/* Events of tokenbucket_redis_loop.watch and tokenbucket_redis_async_ready. */
+#define TOKENBUCKET_REDIS_READ (1u << 0)
+#define TOKENBUCKET_REDIS_WRITE (1u << 1)
+
+/*
+ * What the library asks of an event loop, as libcurl's multi interface and
+ * c-ares do.  The library calls these from within its own functions only:
+ *  - watch: from now on, tell tokenbucket_redis_async_ready when fd is ready
+ *    for events (TOKENBUCKET_REDIS_READ | _WRITE); 0: stop watching fd (it
+ *    may be closed right after).
+ *  - timer: call tokenbucket_redis_async_timeout once, ns nanoseconds from
+ *    now (0: as soon as the loop can, never from within this call); a
+ *    negative ns disarms it.  Each call replaces the previous timer.
+ *  - free: the async client is being closed; data is no longer used.  May
+ *    be NULL.
+ */
+struct tokenbucket_redis_loop {
+	void *data;
+	void (*watch)(void *data, int fd, unsigned events);
+	void (*timer)(void *data, int64_t ns);
+	void (*free)(void *data);
+};
+
+/*
+ * A call's completion: err and the outputs the blocking call would give
+ * (res for every op; rv for a reservation granted; tokens for TOKENS, 0
+ * otherwise).  The pointers are valid during the callback only.
+ */
+typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbucket_result *res,
+				       const struct tokenbucket_reservation *rv, double tokens);
+
+/*
+ * Since 1.2.  An asynchronous client on r's server: same address,
+ * timeouts, key prefix and local fallback as r, with connections of its
+ * own driven by loop (copied).  r must outlive it; r's blocking calls go
+ * on working beside it.  The async client belongs to the loop's thread:
+ * its functions must not run concurrently with each other.  -EINVAL: a
+ * NULL argument, loop without watch or timer.  -EOPNOTSUPP: r is a
+ * cluster client.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap,
+						 struct tokenbucket_redis *r,
+						 const struct tokenbucket_redis_loop *loop);
+/*
+ * Since 1.2.  Completes every call still in flight with -ECANCELED, stops
+ * watching, calls loop->free and frees a (NULL: nothing).  May be called
+ * from a completion callback.
+ */
+TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_async *a);
+/*
+ * Since 1.2.  Starts call (TOKENBUCKET_REDIS_AT in its flags for the _at
+ * form; the client's prefix is added to its key) and returns at once:
+ * done(arg, ...) is called exactly once, later, from
+ * tokenbucket_redis_async_ready, _timeout or _close, with what the
+ * blocking call would return: the result of the script, -ETIME past the
+ * command timeout, a connection's error, a decision of the local fallback
+ * for ALLOW and RESERVE.  Calls are pipelined on one connection; a
+ * connection that times out or fails takes every call on it with it, as
+ * the blocking call's connection would.  A CANCEL of a reservation the
+ * fallback made goes to tokenbucket_redis_cancel instead.  0, or before
+ * anything starts (done is then not called): -EINVAL (a NULL pointer, a
+ * bad call), -ERANGE, -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
+						  const struct tokenbucket_redis_call *call,
+						  tokenbucket_redis_done_fn *done, void *arg);
+/* Since 1.2.  fd, which the library asked to watch, is ready for events. */
+TOKENBUCKET_API void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd,
+						   unsigned events);
+/* Since 1.2.  The timer the library armed has fired. */
+TOKENBUCKET_API void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a);
+
 #ifdef __cplusplus
 }
 #endif

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/time.h>
 
+#include "client.h"
 #include "cluster.h"
 #include "slots.h"
 
@@ -289,6 +290,48 @@ static int fallback(struct tokenbucket_redis *r, const struct tokenbucket_redis_
 	return err;
 }
 
+int tbr__client_fallback(struct tokenbucket_redis *r, const struct tokenbucket_redis_call *call,
+			 int err, struct tokenbucket_result *res, struct tokenbucket_reservation *rv)
+{
+	if (unavailable(err) && r->share > 0 &&
+	    (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE)) {
+		int local = fallback(r, call, res, rv);
+		if (local != 1)
+			err = local;
+	}
+	return err;
+}
+
+const struct tbr__node *tbr__client_node(const struct tokenbucket_redis *r)
+{
+	return r->cluster != NULL ? NULL : &r->node;
+}
+
+int64_t tbr__client_timeout(const struct tokenbucket_redis *r)
+{
+	return r->command_ns;
+}
+
+int tbr__client_key(const struct tokenbucket_redis *r, const void *key, size_t keylen,
+		    char **full, size_t *len)
+{
+	if (key == NULL && keylen > 0)
+		return -EINVAL;
+	size_t n = r->prefixlen + keylen;
+	if (n < keylen)
+		return -EINVAL;
+	char *p = malloc(n + 1);
+	if (p == NULL)
+		return -ENOMEM;
+	if (r->prefixlen > 0)
+		memcpy(p, r->prefix, r->prefixlen);
+	if (keylen > 0)
+		memcpy(p + r->prefixlen, key, keylen);
+	*full = p;
+	*len = n;
+	return 0;
+}
+
 /* ---- The calls ----------------------------------------------------------- */
 
 /* Runs call on prefix + key; the fallback answers allow and reserve if Redis cannot. */
@@ -313,13 +356,7 @@ static int run(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 		memcpy(full + r->prefixlen, call->key, call->keylen);
 	call->key = full;
 	call->keylen = len;
-	int err = round_trip(r, call, res, rv, tokens);
-	if (unavailable(err) && r->share > 0 &&
-	    (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE)) {
-		int local = fallback(r, call, res, rv);
-		if (local != 1)
-			err = local;
-	}
+	int err = tbr__client_fallback(r, call, round_trip(r, call, res, rv, tokens), res, rv);
 	if (full != stack)
 		free(full);
 	return err;
