@@ -23,21 +23,28 @@
 
 #include <tokenbucket-redis.h>
 
+/* One descriptor the client watches (one per server it talks to). */
+struct tokenbucket_redis_libevent_fd {
+	struct tokenbucket_redis_libevent *s;
+	struct event ev;
+	int fd;
+	int on;
+};
+
 struct tokenbucket_redis_libevent {
 	struct event_base *base;
 	struct tokenbucket_redis_async *a;
-	struct event io; /* the connection's descriptor, while io_on */
 	struct event timer;
-	int io_on;
-	int fd;
+	struct tokenbucket_redis_libevent_fd **fds; /* each allocated once: libevent holds &ev */
+	size_t nfds;
 };
 
 static void tokenbucket_redis_libevent_io(evutil_socket_t fd, short what, void *p)
 {
-	struct tokenbucket_redis_libevent *s = (struct tokenbucket_redis_libevent *)p;
+	struct tokenbucket_redis_libevent_fd *f = (struct tokenbucket_redis_libevent_fd *)p;
 	unsigned events = ((what & EV_READ) ? TOKENBUCKET_REDIS_READ : 0u) |
 			  ((what & EV_WRITE) ? TOKENBUCKET_REDIS_WRITE : 0u);
-	tokenbucket_redis_async_ready(s->a, (int)fd, events);
+	tokenbucket_redis_async_ready(f->s->a, (int)fd, events);
 }
 
 static void tokenbucket_redis_libevent_fire(evutil_socket_t fd, short what, void *p)
@@ -50,18 +57,39 @@ static void tokenbucket_redis_libevent_fire(evutil_socket_t fd, short what, void
 static void tokenbucket_redis_libevent_watch(void *p, int fd, unsigned events)
 {
 	struct tokenbucket_redis_libevent *s = (struct tokenbucket_redis_libevent *)p;
-	if (s->io_on) {
-		event_del(&s->io);
-		s->io_on = 0;
+	struct tokenbucket_redis_libevent_fd *f = NULL, *idle = NULL;
+	for (size_t i = 0; i < s->nfds && f == NULL; i++) {
+		if (s->fds[i]->on && s->fds[i]->fd == fd)
+			f = s->fds[i];
+		else if (!s->fds[i]->on && idle == NULL)
+			idle = s->fds[i];
+	}
+	if (f != NULL) {
+		event_del(&f->ev);
+		f->on = 0;
 	}
 	if (events == 0)
 		return;
+	if (f == NULL)
+		f = idle;
+	if (f == NULL) {
+		struct tokenbucket_redis_libevent_fd **more =
+			(struct tokenbucket_redis_libevent_fd **)realloc(s->fds, (s->nfds + 1) * sizeof(*more));
+		if (more == NULL)
+			return; /* unwatched, its calls end at the command timeout */
+		s->fds = more;
+		f = (struct tokenbucket_redis_libevent_fd *)calloc(1, sizeof(*f));
+		if (f == NULL)
+			return;
+		f->s = s;
+		s->fds[s->nfds++] = f;
+	}
 	short what = (short)(EV_PERSIST | ((events & TOKENBUCKET_REDIS_READ) ? EV_READ : 0) |
 			     ((events & TOKENBUCKET_REDIS_WRITE) ? EV_WRITE : 0));
-	event_assign(&s->io, s->base, fd, what, tokenbucket_redis_libevent_io, s);
-	event_add(&s->io, NULL);
-	s->io_on = 1;
-	s->fd = fd;
+	event_assign(&f->ev, s->base, fd, what, tokenbucket_redis_libevent_io, f);
+	event_add(&f->ev, NULL);
+	f->on = 1;
+	f->fd = fd;
 }
 
 static void tokenbucket_redis_libevent_timer(void *p, int64_t ns)
@@ -77,8 +105,12 @@ static void tokenbucket_redis_libevent_timer(void *p, int64_t ns)
 static void tokenbucket_redis_libevent_free(void *p)
 {
 	struct tokenbucket_redis_libevent *s = (struct tokenbucket_redis_libevent *)p;
-	if (s->io_on)
-		event_del(&s->io);
+	for (size_t i = 0; i < s->nfds; i++) {
+		if (s->fds[i]->on)
+			event_del(&s->fds[i]->ev);
+		free(s->fds[i]);
+	}
+	free(s->fds);
 	evtimer_del(&s->timer);
 	free(s);
 }
@@ -99,7 +131,6 @@ static inline int tokenbucket_redis_libevent_open(struct tokenbucket_redis_async
 	if (s == NULL)
 		return -12; /* ENOMEM */
 	s->base = base;
-	s->fd = -1;
 	evtimer_assign(&s->timer, base, tokenbucket_redis_libevent_fire, s);
 	struct tokenbucket_redis_loop loop = { s, tokenbucket_redis_libevent_watch,
 					       tokenbucket_redis_libevent_timer,

@@ -24,22 +24,29 @@
 
 #include <tokenbucket-redis.h>
 
+/* One descriptor the client watches (one per server it talks to). */
+struct tokenbucket_redis_libuv_fd {
+	uv_poll_t poll; /* first: the handle's address is this struct's */
+	struct tokenbucket_redis_libuv *s;
+	int fd;
+};
+
 struct tokenbucket_redis_libuv {
 	uv_loop_t *loop;
 	struct tokenbucket_redis_async *a;
-	uv_timer_t timer;    /* timer.data is this */
-	uv_poll_t *poll;     /* the connection's descriptor, or NULL */
-	int fd;
+	uv_timer_t timer; /* timer.data is this */
+	struct tokenbucket_redis_libuv_fd **fds;
+	size_t nfds;
 };
 
 static void tokenbucket_redis_libuv_io(uv_poll_t *h, int status, int what)
 {
-	struct tokenbucket_redis_libuv *s = (struct tokenbucket_redis_libuv *)h->data;
+	struct tokenbucket_redis_libuv_fd *f = (struct tokenbucket_redis_libuv_fd *)h->data;
 	/* An error on the descriptor: let the library read it and find out. */
 	unsigned events = status < 0 ? (TOKENBUCKET_REDIS_READ | TOKENBUCKET_REDIS_WRITE)
 		: ((what & UV_READABLE) ? TOKENBUCKET_REDIS_READ : 0u) |
 		  ((what & UV_WRITABLE) ? TOKENBUCKET_REDIS_WRITE : 0u);
-	tokenbucket_redis_async_ready(s->a, s->fd, events);
+	tokenbucket_redis_async_ready(f->s->a, f->fd, events);
 }
 
 static void tokenbucket_redis_libuv_fire(uv_timer_t *t)
@@ -49,34 +56,51 @@ static void tokenbucket_redis_libuv_fire(uv_timer_t *t)
 
 static void tokenbucket_redis_libuv_closed(uv_handle_t *h)
 {
-	free(h);
+	free(h->data);
+}
+
+/* Stops watching f (before the library closes its descriptor); freed once libuv lets go. */
+static void tokenbucket_redis_libuv_release(struct tokenbucket_redis_libuv_fd *f)
+{
+	uv_poll_stop(&f->poll);
+	uv_close((uv_handle_t *)&f->poll, tokenbucket_redis_libuv_closed);
 }
 
 static void tokenbucket_redis_libuv_watch(void *p, int fd, unsigned events)
 {
 	struct tokenbucket_redis_libuv *s = (struct tokenbucket_redis_libuv *)p;
-	if (s->poll != NULL && (events == 0 || fd != s->fd)) {
-		/* Stopped before the library closes the descriptor, freed once libuv lets go. */
-		uv_poll_stop(s->poll);
-		uv_close((uv_handle_t *)s->poll, tokenbucket_redis_libuv_closed);
-		s->poll = NULL;
-	}
-	if (events == 0)
+	size_t i = 0;
+	while (i < s->nfds && s->fds[i]->fd != fd)
+		i++;
+	if (events == 0) {
+		if (i < s->nfds) {
+			tokenbucket_redis_libuv_release(s->fds[i]);
+			s->fds[i] = s->fds[--s->nfds];
+		}
 		return;
-	if (s->poll == NULL) {
-		s->poll = (uv_poll_t *)calloc(1, sizeof(*s->poll));
-		if (s->poll == NULL || uv_poll_init(s->loop, s->poll, fd) != 0) {
-			/* Unwatched, the connection's calls end at the command timeout. */
-			free(s->poll);
-			s->poll = NULL;
+	}
+	if (i == s->nfds) {
+		struct tokenbucket_redis_libuv_fd **more =
+			(struct tokenbucket_redis_libuv_fd **)realloc(s->fds, (s->nfds + 1) * sizeof(*more));
+		if (more == NULL)
+			return; /* unwatched, its calls end at the command timeout */
+		s->fds = more;
+		struct tokenbucket_redis_libuv_fd *f =
+			(struct tokenbucket_redis_libuv_fd *)calloc(1, sizeof(*f));
+		if (f == NULL)
+			return;
+		if (uv_poll_init(s->loop, &f->poll, fd) != 0) {
+			free(f);
 			return;
 		}
-		s->poll->data = s;
-		s->fd = fd;
+		f->poll.data = f;
+		f->s = s;
+		f->fd = fd;
+		s->fds[s->nfds++] = f;
 	}
 	int what = ((events & TOKENBUCKET_REDIS_READ) ? UV_READABLE : 0) |
 		   ((events & TOKENBUCKET_REDIS_WRITE) ? UV_WRITABLE : 0);
-	uv_poll_start(s->poll, what, tokenbucket_redis_libuv_io);
+	uv_poll_start(&s->fds[i]->poll, what, tokenbucket_redis_libuv_io);
 }
 
 static void tokenbucket_redis_libuv_timer(void *p, int64_t ns)
@@ -97,11 +121,9 @@ static void tokenbucket_redis_libuv_timer_closed(uv_handle_t *h)
 static void tokenbucket_redis_libuv_free(void *p)
 {
 	struct tokenbucket_redis_libuv *s = (struct tokenbucket_redis_libuv *)p;
-	if (s->poll != NULL) {
-		uv_poll_stop(s->poll);
-		uv_close((uv_handle_t *)s->poll, tokenbucket_redis_libuv_closed);
-		s->poll = NULL;
-	}
+	for (size_t i = 0; i < s->nfds; i++)
+		tokenbucket_redis_libuv_release(s->fds[i]);
+	free(s->fds);
 	uv_close((uv_handle_t *)&s->timer, tokenbucket_redis_libuv_timer_closed);
 }
 
@@ -119,7 +141,6 @@ static inline int tokenbucket_redis_libuv_open(struct tokenbucket_redis_async **
 	if (s == NULL)
 		return -12; /* ENOMEM */
 	s->loop = loop;
-	s->fd = -1;
 	uv_timer_init(loop, &s->timer);
 	s->timer.data = s;
 	struct tokenbucket_redis_loop l = { s, tokenbucket_redis_libuv_watch,

@@ -273,13 +273,13 @@ typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbuc
 				       const struct tokenbucket_reservation *rv, double tokens);
 
 /*
- * Since 1.2.  An asynchronous client on r's server: same address,
- * timeouts, key prefix and local fallback as r, with connections of its
- * own driven by loop (copied).  r must outlive it; r's blocking calls go
- * on working beside it.  The async client belongs to the loop's thread:
- * its functions must not run concurrently with each other.  -EINVAL: a
- * NULL argument, loop without watch or timer.  -EOPNOTSUPP: r is a
- * cluster client.  -ENOMEM.
+ * Since 1.2.  An asynchronous client on r's server or cluster: same
+ * address (or seeds and slot map), timeouts, key prefix and local fallback
+ * as r, with connections of its own (one per server) driven by loop
+ * (copied).  r must outlive it; r's blocking calls go on working beside
+ * it.  The async client belongs to the loop's thread: its functions must
+ * not run concurrently with each other.  -EINVAL: a NULL argument, loop
+ * without watch or timer.  -ENOMEM.
  */
 TOKENBUCKET_API int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap,
 						 struct tokenbucket_redis *r,
@@ -297,9 +297,10 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
  * tokenbucket_redis_async_ready, _timeout or _close, with what the
  * blocking call would return: the result of the script, -ETIME past the
  * command timeout, a connection's error, a decision of the local fallback
- * for ALLOW and RESERVE.  Calls are pipelined on one connection; a
- * connection that times out or fails takes every call on it with it, as
- * the blocking call's connection would.  A CANCEL of a reservation the
+ * for ALLOW and RESERVE; on a cluster MOVED, ASK, CLUSTERDOWN and TRYAGAIN
+ * are followed as by the blocking call.  Calls are pipelined, one
+ * connection per server; a connection that times out or fails takes every
+ * call on it with it, as the blocking call's connection would.  A CANCEL of a reservation the
  * fallback made goes to tokenbucket_redis_cancel instead.  0, or before
  * anything starts (done is then not called): -EINVAL (a NULL pointer, a
  * bad call), -ERANGE, -ENOMEM.

@@ -1,18 +1,28 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The asynchronous client: calls pipelined on one non-blocking hiredis
- * connection that the caller's event loop drives through
- * struct tokenbucket_redis_loop (watch a descriptor, arm one timer).
+ * The asynchronous client: calls pipelined on non-blocking hiredis
+ * connections (one per server: one for a one-server client, one per node
+ * of a cluster) that the caller's event loop drives through
+ * struct tokenbucket_redis_loop (watch descriptors, arm one timer).
  *
  * Every call started is an op in a list kept in start order; an op leaves
  * it only when its callback has run, so each callback runs exactly once.
- * Ops are sent once the connection is ready (connected, and set up when it
- * needs a SELECT first); hiredis matches replies to them in order.
- * Since every op has the same timeout, the list's head has the earliest
- * deadline: the one timer is armed for it.  When it passes, the connection
- * is closed (a late reply must never be read as another call's) and every
- * op on it completes with -ETIME, as a blocking call on a connection that
- * timed out does.
+ * An op not sent yet waits in the list until its connection is ready
+ * (connected, and set up when it needs a SELECT first), or until a pause
+ * after CLUSTERDOWN or TRYAGAIN ends; hiredis matches replies to the ops
+ * sent on a connection in order.  Every op has the same timeout, so the
+ * list's head has the earliest deadline, and the one timer is armed for
+ * it (or for the end of the earliest pause).  When a sent op's deadline
+ * passes, its connection is closed (a late reply must never be read as
+ * another call's) and every op on it completes with -ETIME, as a blocking
+ * call on a connection that timed out does.
+ *
+ * On a cluster an op goes to the primary of its key's slot, from the map
+ * the blocking cluster client keeps (cluster.c); MOVED and ASK send it on,
+ * CLUSTERDOWN, TRYAGAIN, LOADING and MASTERDOWN send it again after a
+ * pause, a connection that could not be made is tried again, all within
+ * the timeout, as tbr__cluster_exchange does.  A stale map is asked for
+ * again (CLUSTER SLOTS) on a ready connection.
  *
  * Callbacks run from tokenbucket_redis_async_ready, _timeout and _close
  * only, never from _start.  They may start calls and close the client:
@@ -20,8 +30,8 @@
  * within them is done when the outermost returns.
  *
  * Not thread-safe: one thread (the loop's) uses an async client.  The
- * blocking client it was made from is shared safely (the fallback has its
- * own lock).
+ * blocking client it was made from is shared safely (its map is atomic,
+ * its fallback has its own lock).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -30,6 +40,30 @@
 #include <hiredis/async.h>
 
 #include "client.h"
+#include "slots.h"
+
+/* Pause before an op is sent again after CLUSTERDOWN, TRYAGAIN, or a refused connection. */
+#define PAUSE_NS INT64_C(10000000)
+/* Redirections one op follows before it gives up with -ELOOP. */
+#define REDIRECTS_MAX 16
+/* The least time between two map requests. */
+#define REFRESH_GAP_NS INT64_C(10000000)
+
+struct tokenbucket_redis_async;
+
+/* A connection to one node, made on first use, kept until close. */
+struct conn {
+	struct tokenbucket_redis_async *a;
+	struct tbr__node *node;
+	redisAsyncContext *ac; /* NULL while there is none */
+	int fd;                /* ac's descriptor, as last told to watch */
+	unsigned want;         /* the events asked for on fd */
+	bool ready;            /* ac may carry calls (set up) */
+	bool dying;            /* ac is being freed: send nothing more on it */
+	bool unreached;        /* ac never connected: its ops were never written */
+	bool loading;          /* a SCRIPT LOAD is on ac, its reply not read yet */
+	int drop_err;          /* the error of the ops on an ac we free, or 0 */
+};
 
 struct op {
 	struct tokenbucket_redis_async *a;
@@ -38,38 +72,42 @@ struct op {
 	char *key;
 	tokenbucket_redis_done_fn *done;
 	void *arg;
-	int64_t deadline; /* tokenbucket_now() */
-	bool sent;        /* handed to hiredis: its callback will come */
-	bool retried;     /* sent again after NOSCRIPT */
-	int err;          /* not sent: the error to complete it with, or 0 */
+	int64_t deadline;   /* tokenbucket_now() */
+	struct conn *conn;  /* while sent: its callback will come from there */
+	bool retried;       /* sent again after NOSCRIPT */
+	int err;            /* not sent: the error to complete it with, or 0 */
+	int last_err;       /* not sent: what it gets if its time runs out */
+	int64_t pause_until; /* not sent before this (0: no pause) */
+	struct tbr__node *ask; /* send there once, after ASKING */
+	bool asking;        /* sent after ASKING (NOSCRIPT sends it again so) */
+	int redirects;
+	unsigned slot;
 };
 
 struct tokenbucket_redis_async {
 	struct tokenbucket_redis *r;
 	struct tokenbucket_redis_loop loop;
-	const struct tbr__node *node;
+	struct tbr__cluster *cluster; /* or NULL: one server, node */
+	struct tbr__node *node;
 	int64_t timeout_ns;
-	redisAsyncContext *ac; /* NULL while there is no connection */
-	int fd;                /* ac's descriptor, as last told to watch */
-	unsigned want;         /* the events asked for on fd */
-	bool ready;            /* ac may carry calls (set up) */
-	bool dying;            /* ac is being freed: send nothing more on it */
-	bool loading;          /* a SCRIPT LOAD is on ac, its reply not read yet */
-	int drop_err;          /* the error of the ops on an ac we free, or 0 */
+	struct conn **conns;
+	size_t nconns;
 	struct op *head, *tail;
 	int64_t timer_ns;      /* the timer as last armed (-1: disarmed) */
+	bool refreshing;       /* a CLUSTER SLOTS is on its way */
+	int64_t refreshed_at;
 	int depth;
 	bool closing;
 };
 
 /* ---- The event loop ------------------------------------------------------- */
 
-static void want(struct tokenbucket_redis_async *a, unsigned set, unsigned clear)
+static void want(struct conn *c, unsigned set, unsigned clear)
 {
-	unsigned w = (a->want | set) & ~clear;
-	if (w != a->want) {
-		a->want = w;
-		a->loop.watch(a->loop.data, a->fd, w);
+	unsigned w = (c->want | set) & ~clear;
+	if (w != c->want) {
+		c->want = w;
+		c->a->loop.watch(c->a->loop.data, c->fd, w);
 	}
 }
 
@@ -81,29 +119,28 @@ static void ev_del_write(void *p) { want(p, 0, TOKENBUCKET_REDIS_WRITE); }
 /* hiredis frees the connection (after failing its callbacks): nothing is watched any more. */
 static void ev_cleanup(void *p)
 {
-	struct tokenbucket_redis_async *a = p;
-	if (a->want != 0) {
-		a->want = 0;
-		a->loop.watch(a->loop.data, a->fd, 0);
-	}
-	a->ac = NULL;
-	a->ready = false;
-	a->dying = false;
-	a->loading = false;
+	struct conn *c = p;
+	want(c, 0, TOKENBUCKET_REDIS_READ | TOKENBUCKET_REDIS_WRITE);
+	c->ac = NULL;
+	c->ready = c->dying = c->loading = false;
 }
 
-/* Arms the timer for the earliest deadline, or at once when unsent ops have failed. */
+/* Arms the timer for the earliest deadline or pause, or at once when ops have failed. */
 static void arm(struct tokenbucket_redis_async *a)
 {
-	int64_t ns = -1;
-	for (struct op *o = a->head; o != NULL; o = o->next)
-		if (!o->sent && o->err != 0) {
-			ns = 0;
+	int64_t at = a->head != NULL ? a->head->deadline : INT64_MAX;
+	for (struct op *o = a->head; o != NULL; o = o->next) {
+		if (o->conn == NULL && o->err != 0) {
+			at = INT64_MIN;
 			break;
 		}
-	if (ns < 0 && a->head != NULL) {
-		int64_t left = a->head->deadline - tokenbucket_now();
-		ns = left > 0 ? left : 0;
+		if (o->conn == NULL && o->pause_until != 0 && o->pause_until < at)
+			at = o->pause_until;
+	}
+	int64_t ns = -1;
+	if (at != INT64_MAX) {
+		int64_t now = tokenbucket_now();
+		ns = at <= now ? 0 : at - now;
 	}
 	if (ns >= 0 || a->timer_ns >= 0)
 		a->loop.timer(a->loop.data, ns);
@@ -168,31 +205,82 @@ static int conn_error(const redisAsyncContext *ac)
 	return -ECONNRESET;
 }
 
-static void send_op(struct tokenbucket_redis_async *a, struct op *o);
+/* o goes back to waiting, sent again after a pause (pause) or at once. */
+static void again(struct op *o, int last_err, bool pause)
+{
+	o->conn = NULL;
+	o->last_err = last_err;
+	o->pause_until = pause ? tokenbucket_now() + PAUSE_NS : 0;
+}
+
+static bool starts(const redisReply *rep, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	return rep->type == REDIS_REPLY_ERROR && rep->len >= n && memcmp(rep->str, prefix, n) == 0;
+}
+
+static void send_op(struct op *o, struct conn *c);
 
 static void on_loaded(redisAsyncContext *ac, void *reply, void *privdata)
 {
-	struct tokenbucket_redis_async *a = privdata;
+	struct conn *c = privdata;
 	(void)ac;
 	(void)reply; /* a load that failed leaves the calls to send the text themselves */
-	a->loading = false;
+	c->loading = false;
+}
+
+/* A cluster's answer that says the call did not run here; true when o was sent on. */
+static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
+{
+	struct tokenbucket_redis_async *a = o->a;
+	if (a->cluster == NULL || rep->type != REDIS_REPLY_ERROR)
+		return false;
+	struct tbr__node *to;
+	bool ask;
+	int r = tbr__cluster_redirect(a->cluster, c->node, rep, &to, &ask);
+	if (r < 0 || (r == 0 && ++o->redirects > REDIRECTS_MAX)) {
+		complete(o, r < 0 ? r : -ELOOP, NULL, NULL, 0);
+		return true;
+	}
+	if (r == 0) {
+		again(o, -ETIME, false);
+		o->ask = ask ? to : NULL;
+		return true;
+	}
+	if (starts(rep, "TRYAGAIN") || starts(rep, "CLUSTERDOWN") || starts(rep, "LOADING") ||
+	    starts(rep, "MASTERDOWN")) {
+		/* Not run; the cluster is moving a slot, electing, or loading. */
+		tbr__cluster_set_stale(a->cluster);
+		if (starts(rep, "CLUSTERDOWN") && tbr__client_down_returns(a->r, &o->call))
+			complete(o, -EAGAIN, NULL, NULL, 0); /* the fallback decides now */
+		else
+			again(o, -EAGAIN, true);
+		return true;
+	}
+	return false;
 }
 
 static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
 	struct op *o = privdata;
-	struct tokenbucket_redis_async *a = o->a;
+	struct conn *c = o->conn;
 	if (reply == NULL) {
 		/* hiredis is freeing the connection: every op on it ends the same way. */
-		a->dying = true;
-		complete(o, a->drop_err != 0 ? a->drop_err : conn_error(ac), NULL, NULL, 0);
+		c->dying = true;
+		if (c->unreached && c->drop_err == 0 && o->a->cluster != NULL) {
+			/* Never written: the node refused; tried again after a pause. */
+			tbr__cluster_set_stale(o->a->cluster);
+			again(o, conn_error(ac), true);
+			return;
+		}
+		complete(o, c->drop_err != 0 ? c->drop_err : conn_error(ac), NULL, NULL, 0);
 		return;
 	}
 	struct tokenbucket_result res;
 	struct tokenbucket_reservation rv;
 	double tokens = 0;
 	int err = tbr__decode(&o->call, reply, &res, &rv, &tokens);
-	if (err == -ENOEXEC && !(o->call.flags & TOKENBUCKET_REDIS_EVAL) && !a->dying) {
+	if (err == -ENOEXEC && !(o->call.flags & TOKENBUCKET_REDIS_EVAL) && !c->dying) {
 		/*
 		 * The server lost the script, and every call in flight will say
 		 * so: the text goes once (SCRIPT LOAD), and they follow it by
@@ -201,47 +289,58 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		 */
 		if (o->retried) {
 			o->call.flags |= TOKENBUCKET_REDIS_EVAL;
-		} else if (!a->loading &&
-			   redisAsyncCommand(ac, on_loaded, a, "SCRIPT LOAD %s", tbr__script_text) ==
+		} else if (!c->loading &&
+			   redisAsyncCommand(ac, on_loaded, c, "SCRIPT LOAD %s", tbr__script_text) ==
 				   REDIS_OK) {
-			a->loading = true;
+			c->loading = true;
 		}
 		o->retried = true;
-		send_op(a, o);
-		if (!o->sent)
+		o->conn = NULL;
+		if (o->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
+			o->err = -ENOMEM;
+		else
+			send_op(o, c);
+		if (o->conn == NULL)
 			complete(o, o->err, NULL, NULL, 0);
 		return;
 	}
+	if (redirected(o, c, reply))
+		return;
 	bool filled = err == 0 || err == -ETIMEDOUT || err == -E2BIG || err == -EOVERFLOW;
 	complete(o, err, filled ? &res : NULL, filled ? &rv : NULL, tokens);
 }
 
 /* ---- Connections ---------------------------------------------------------- */
 
-static void send_op(struct tokenbucket_redis_async *a, struct op *o)
+static void send_op(struct op *o, struct conn *c)
 {
 	struct tbr__args args;
 	int err = tbr__args(&o->call, &args);
-	if (err == 0 && redisAsyncCommandArgv(a->ac, on_reply, o, TBR__ARGC, args.argv, args.len) !=
+	if (err == 0 && redisAsyncCommandArgv(c->ac, on_reply, o, TBR__ARGC, args.argv, args.len) !=
 				REDIS_OK)
 		err = -ENOMEM;
-	o->sent = err == 0;
+	o->conn = err == 0 ? c : NULL;
 	o->err = err;
 }
 
-static void send_waiting(struct tokenbucket_redis_async *a)
+/* The connection to n, made when first needed; NULL when out of memory. */
+static struct conn *conn_of(struct tokenbucket_redis_async *a, struct tbr__node *n)
 {
-	for (struct op *o = a->head; o != NULL && a->ac != NULL && a->ready && !a->dying; o = o->next)
-		if (!o->sent && o->err == 0)
-			send_op(a, o);
-}
-
-/* Every op not sent yet fails with err (completed from the timer). */
-static void fail_waiting(struct tokenbucket_redis_async *a, int err)
-{
-	for (struct op *o = a->head; o != NULL; o = o->next)
-		if (!o->sent && o->err == 0)
-			o->err = err;
+	for (size_t i = 0; i < a->nconns; i++)
+		if (a->conns[i]->node == n)
+			return a->conns[i];
+	struct conn **more = realloc(a->conns, (a->nconns + 1) * sizeof(*more));
+	if (more == NULL)
+		return NULL;
+	a->conns = more;
+	struct conn *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return NULL;
+	c->a = a;
+	c->node = n;
+	c->fd = -1;
+	a->conns[a->nconns++] = c;
+	return c;
 }
 
 /*
@@ -251,42 +350,43 @@ static void fail_waiting(struct tokenbucket_redis_async *a, int err)
  */
 static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 {
-	struct tokenbucket_redis_async *a = privdata;
-	(void)ac;
+	struct conn *c = privdata;
 	if (reply == NULL)
 		return; /* the connection is going: the waiting ops get a new one */
 	const redisReply *rep = reply;
 	if (rep->type == REDIS_REPLY_ERROR) {
-		fail_waiting(a, tbr__error(rep->str, rep->len));
-		a->dying = true;
-		redisAsyncFree(a->ac); /* deferred by hiredis until this callback returns */
+		int err = tbr__error(rep->str, rep->len);
+		for (struct op *o = c->a->head; o != NULL; o = o->next)
+			if (o->conn == NULL && o->err == 0)
+				o->err = err;
+		c->dying = true;
+		redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
 		return;
 	}
-	a->ready = true;
-	send_waiting(a);
+	c->ready = true;
 }
 
 static void on_connect(const redisAsyncContext *ac, int status)
 {
-	struct tokenbucket_redis_async *a = ac->data;
+	struct conn *c = ac->data;
 	if (status != REDIS_OK) {
-		/* hiredis frees ac next; the waiting ops fail with its error. */
-		a->dying = true;
-		fail_waiting(a, conn_error(ac));
+		/* hiredis frees ac next, failing what was queued on it: none of it was written. */
+		c->dying = true;
+		c->unreached = true;
 	}
 }
 
 static void on_disconnect(const redisAsyncContext *ac, int status)
 {
-	struct tokenbucket_redis_async *a = ac->data;
+	struct conn *c = ac->data;
 	(void)status;
-	a->dying = true;
+	c->dying = true;
 }
 
-/* Opens the connection (non-blocking), its setup queued; 0 or a negative errno. */
-static int connect_node(struct tokenbucket_redis_async *a)
+/* Opens c's connection (non-blocking), its setup queued; 0 or a negative errno. */
+static int conn_open(struct conn *c)
 {
-	const struct tbr__node *n = a->node;
+	const struct tbr__node *n = c->node;
 	redisAsyncContext *ac = n->path != NULL ? redisAsyncConnectUnix(n->path)
 						: redisAsyncConnect(n->host, n->port);
 	if (ac == NULL)
@@ -296,12 +396,12 @@ static int connect_node(struct tokenbucket_redis_async *a)
 		redisAsyncFree(ac);
 		return err;
 	}
-	a->ac = ac;
-	a->fd = ac->c.fd;
-	a->want = 0;
-	a->dying = false;
-	ac->data = a;
-	ac->ev.data = a;
+	c->ac = ac;
+	c->fd = ac->c.fd;
+	c->want = 0;
+	c->dying = c->unreached = c->loading = false;
+	ac->data = c;
+	ac->ev.data = c;
 	ac->ev.addRead = ev_add_read;
 	ac->ev.delRead = ev_del_read;
 	ac->ev.addWrite = ev_add_write;
@@ -310,47 +410,109 @@ static int connect_node(struct tokenbucket_redis_async *a)
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
 	/* The reply to SELECT comes first; meanwhile calls wait. */
-	a->ready = n->db == 0;
-	if (!a->ready && redisAsyncCommand(ac, on_setup, a, "SELECT %d", n->db) != REDIS_OK)
+	c->ready = n->db == 0;
+	if (!c->ready && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK)
 		return -ENOMEM; /* ac stays: dropped with the ops' timeout */
 	/* Nothing is written before a command: watch for the connection to complete. */
-	want(a, TOKENBUCKET_REDIS_WRITE, 0);
+	want(c, TOKENBUCKET_REDIS_WRITE, 0);
 	return 0;
 }
 
-/* Closes the connection now; its ops complete with err. */
-static void drop(struct tokenbucket_redis_async *a, int err)
+/* Closes c's connection now; its ops complete with err. */
+static void conn_drop(struct conn *c, int err)
 {
-	if (a->ac == NULL)
+	if (c->ac == NULL)
 		return;
-	a->drop_err = err;
-	a->dying = true;
-	redisAsyncFree(a->ac);
-	a->drop_err = 0;
+	c->drop_err = err;
+	c->dying = true;
+	redisAsyncFree(c->ac);
+	c->drop_err = 0;
+}
+
+static void on_slots(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	(void)ac;
+	c->a->refreshing = false;
+	if (reply != NULL)
+		tbr__cluster_map(c->a->cluster, c->node, reply); /* a bad map is not used */
+}
+
+/* Asks a ready node for the cluster's map when it is stale (at most every REFRESH_GAP_NS). */
+static void refresh(struct tokenbucket_redis_async *a, int64_t now)
+{
+	if (a->cluster == NULL || a->refreshing || !tbr__cluster_stale(a->cluster) ||
+	    now - a->refreshed_at < REFRESH_GAP_NS)
+		return;
+	for (size_t i = 0; i < a->nconns; i++) {
+		struct conn *c = a->conns[i];
+		if (c->ac != NULL && c->ready && !c->dying &&
+		    redisAsyncCommand(c->ac, on_slots, c, "CLUSTER SLOTS") == REDIS_OK) {
+			a->refreshing = true;
+			a->refreshed_at = now;
+			return;
+		}
+	}
 }
 
 /*
- * After the library's work on the connection: completes the ops that
- * failed before they were sent, opens a connection for waiting ops,
- * sends them, and arms the timer.
+ * Sends every op that waits and may go: to its node's connection, opened
+ * if needed.  One that cannot be (no memory, a connection refused on a
+ * one-server client) gets its error, completed by settle().
+ */
+static void send_waiting(struct tokenbucket_redis_async *a)
+{
+	int64_t now = tokenbucket_now();
+	for (struct op *o = a->head; o != NULL; o = o->next) {
+		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
+			continue;
+		struct tbr__node *n = o->ask != NULL ? o->ask
+				      : a->cluster != NULL ? tbr__cluster_route(a->cluster, o->slot)
+							   : a->node;
+		struct conn *c = conn_of(a, n);
+		if (c == NULL) {
+			o->err = -ENOMEM;
+			continue;
+		}
+		if (c->ac == NULL) {
+			int err = conn_open(c);
+			if (err != 0 && a->cluster != NULL) {
+				tbr__cluster_set_stale(a->cluster);
+				again(o, err, true);
+				continue;
+			}
+			if (err != 0) {
+				o->err = err;
+				continue;
+			}
+		}
+		if (!c->ready || c->dying)
+			continue;
+		if (o->ask != NULL && redisAsyncCommand(c->ac, NULL, NULL, "ASKING") != REDIS_OK) {
+			o->err = -ENOMEM;
+			continue;
+		}
+		o->pause_until = 0;
+		o->asking = o->ask != NULL;
+		o->ask = NULL;
+		send_op(o, c);
+	}
+	refresh(a, now);
+}
+
+/*
+ * After the library's work on the connections: completes the ops that
+ * failed before they were sent, sends what waits, and arms the timer.
  */
 static void settle(struct tokenbucket_redis_async *a)
 {
 	for (struct op *o = a->head, *next; o != NULL; o = next) {
 		next = o->next;
-		if (!o->sent && o->err != 0)
+		if (o->conn == NULL && o->err != 0)
 			complete(o, o->err, NULL, NULL, 0);
 	}
 	if (a->closing)
 		return;
-	bool waiting = false;
-	for (struct op *o = a->head; o != NULL && !waiting; o = o->next)
-		waiting = !o->sent;
-	if (waiting && a->ac == NULL) {
-		int err = connect_node(a);
-		if (err != 0)
-			fail_waiting(a, err);
-	}
 	send_waiting(a);
 	arm(a);
 }
@@ -362,18 +524,16 @@ int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tok
 {
 	if (ap == NULL || r == NULL || loop == NULL || loop->watch == NULL || loop->timer == NULL)
 		return -EINVAL;
-	const struct tbr__node *n = tbr__client_node(r);
-	if (n == NULL)
-		return -EOPNOTSUPP;
 	struct tokenbucket_redis_async *a = calloc(1, sizeof(*a));
 	if (a == NULL)
 		return -ENOMEM;
 	a->r = r;
 	a->loop = *loop;
-	a->node = n;
+	a->node = tbr__client_node(r);
+	a->cluster = tbr__client_cluster(r);
 	a->timeout_ns = tbr__client_timeout(r);
-	a->fd = -1;
 	a->timer_ns = -1;
+	a->refreshed_at = INT64_MIN / 2;
 	*ap = a;
 	return 0;
 }
@@ -381,8 +541,8 @@ int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tok
 static void close_now(struct tokenbucket_redis_async *a)
 {
 	a->depth++;
-	drop(a, -ECANCELED);
-	a->drop_err = -ECANCELED;
+	for (size_t i = 0; i < a->nconns; i++)
+		conn_drop(a->conns[i], -ECANCELED);
 	while (a->head != NULL)
 		complete(a->head, -ECANCELED, NULL, NULL, 0);
 	a->depth--;
@@ -390,6 +550,9 @@ static void close_now(struct tokenbucket_redis_async *a)
 		a->loop.timer(a->loop.data, -1);
 	if (a->loop.free != NULL)
 		a->loop.free(a->loop.data);
+	for (size_t i = 0; i < a->nconns; i++)
+		free(a->conns[i]);
+	free(a->conns);
 	free(a);
 }
 
@@ -442,6 +605,8 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 	}
 	o->done = done;
 	o->arg = arg;
+	o->slot = tbr__slot(o->key, keylen);
+	o->last_err = -ETIME;
 	o->deadline = tokenbucket_now() + a->timeout_ns;
 	o->prev = a->tail;
 	if (a->tail != NULL)
@@ -452,12 +617,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 	if (a->depth > 0)
 		return 0; /* within a callback: settle() sends it on the way out */
 	a->depth++;
-	if (a->ac == NULL) {
-		err = connect_node(a);
-		if (err != 0)
-			fail_waiting(a, err); /* completed from the timer, never from here */
-	}
-	send_waiting(a);
+	send_waiting(a); /* errors are completed from the timer, never from here */
 	arm(a);
 	leave(a);
 	return 0;
@@ -465,15 +625,21 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 
 void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, unsigned events)
 {
-	if (a == NULL || a->ac == NULL || fd != a->fd)
+	if (a == NULL)
+		return;
+	struct conn *c = NULL;
+	for (size_t i = 0; i < a->nconns && c == NULL; i++)
+		if (a->conns[i]->ac != NULL && a->conns[i]->fd == fd)
+			c = a->conns[i];
+	if (c == NULL)
 		return;
 	struct tbr__sigpipe sp;
 	tbr__sigpipe_block(&sp);
 	a->depth++;
 	if (events & TOKENBUCKET_REDIS_READ)
-		redisAsyncHandleRead(a->ac);
-	if ((events & TOKENBUCKET_REDIS_WRITE) && a->ac != NULL && !a->dying)
-		redisAsyncHandleWrite(a->ac);
+		redisAsyncHandleRead(c->ac);
+	if ((events & TOKENBUCKET_REDIS_WRITE) && c->ac != NULL && !c->dying)
+		redisAsyncHandleWrite(c->ac);
 	settle(a);
 	tbr__sigpipe_restore(&sp);
 	leave(a);
@@ -486,12 +652,14 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 	a->depth++;
 	a->timer_ns = -1;
 	int64_t now = tokenbucket_now();
-	if (a->head != NULL && a->head->deadline <= now) {
-		/* No reply in time: the connection goes, with every op on it. */
-		drop(a, -ETIME);
-		for (struct op *o = a->head; o != NULL; o = o->next)
-			if (!o->sent && o->err == 0 && o->deadline <= now)
-				o->err = -ETIME;
+	/* No reply in time: the connection goes, with every op on it. */
+	while (a->head != NULL && a->head->deadline <= now) {
+		struct op *o = a->head;
+		if (o->conn != NULL)
+			conn_drop(o->conn, -ETIME);
+		if (a->head == o) /* not sent, or (never expected) not failed by the drop */
+			complete(o, o->err != 0 ? o->err : o->conn != NULL ? -ETIME : o->last_err,
+				 NULL, NULL, 0);
 	}
 	settle(a);
 	leave(a);

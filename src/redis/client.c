@@ -177,8 +177,7 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	struct tbr__sigpipe sp;
 	tbr__sigpipe_block(&sp);
 	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
-	bool down_returns = r->share > 0 && (call->op == TOKENBUCKET_REDIS_ALLOW ||
-					     call->op == TOKENBUCKET_REDIS_RESERVE);
+	bool down_returns = tbr__client_down_returns(r, call);
 	int err = r->cluster != NULL
 		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
 		: exchange(r, call, res, rv, tokens);
@@ -302,9 +301,21 @@ int tbr__client_fallback(struct tokenbucket_redis *r, const struct tokenbucket_r
 	return err;
 }
 
-const struct tbr__node *tbr__client_node(const struct tokenbucket_redis *r)
+struct tbr__node *tbr__client_node(struct tokenbucket_redis *r)
 {
 	return r->cluster != NULL ? NULL : &r->node;
+}
+
+struct tbr__cluster *tbr__client_cluster(struct tokenbucket_redis *r)
+{
+	return r->cluster;
+}
+
+bool tbr__client_down_returns(const struct tokenbucket_redis *r,
+			      const struct tokenbucket_redis_call *call)
+{
+	return r->share > 0 &&
+	       (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE);
 }
 
 int64_t tbr__client_timeout(const struct tokenbucket_redis *r)

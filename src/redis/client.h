@@ -1,16 +1,21 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * What the asynchronous client (async.c) takes from a blocking client
- * (client.c): its server, timeout, key prefix and local fallback.  Not
- * exported.
+ * (client.c): its server or cluster, timeout, key prefix and local
+ * fallback.  Not exported.
  */
 #ifndef TOKENBUCKET_REDIS_CLIENT_H
 #define TOKENBUCKET_REDIS_CLIENT_H
 
-#include "pool.h"
+#include "cluster.h"
 
 /* r's server, or NULL for a cluster client. */
-const struct tbr__node *tbr__client_node(const struct tokenbucket_redis *r);
+struct tbr__node *tbr__client_node(struct tokenbucket_redis *r);
+/* r's cluster, or NULL for a one-server client. */
+struct tbr__cluster *tbr__client_cluster(struct tokenbucket_redis *r);
+/* Whether CLUSTERDOWN to call returns at once, for r's fallback to decide. */
+bool tbr__client_down_returns(const struct tokenbucket_redis *r,
+			      const struct tokenbucket_redis_call *call);
 /* r's command timeout in ns (> 0). */
 int64_t tbr__client_timeout(const struct tokenbucket_redis *r);
 /* r's prefix and key in a new buffer *full (free()) of *len bytes; -EINVAL, -ENOMEM. */

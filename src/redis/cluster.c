@@ -193,10 +193,17 @@ static int ask_map(struct tbr__cluster *cl, struct tbr__node *n, int64_t deadlin
 		return err;
 	}
 	tbr__conn_put(n, c);
+	err = tbr__cluster_map(cl, n, rep);
+	freeReplyObject(rep);
+	return err;
+}
+
+int tbr__cluster_map(struct tbr__cluster *cl, const struct tbr__node *n, const redisReply *rep)
+{
 	struct tbr__range *g = NULL;
 	size_t count = 0;
-	err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
-					     : tbr__slots_parse(rep, &g, &count);
+	int err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
+						 : tbr__slots_parse(rep, &g, &count);
 	uint16_t *owner = err == 0 ? malloc(TBR__SLOTS * sizeof(*owner)) : NULL;
 	if (err == 0 && owner == NULL)
 		err = -ENOMEM;
@@ -214,12 +221,13 @@ static int ask_map(struct tbr__cluster *cl, struct tbr__node *n, int64_t deadlin
 				owner[s] = index;
 		}
 	}
-	if (err == 0)
+	if (err == 0) {
 		for (unsigned s = 0; s < TBR__SLOTS; s++)
 			atomic_store_explicit(&cl->owner[s], owner[s], memory_order_relaxed);
+		atomic_store_explicit(&cl->stale, false, memory_order_relaxed);
+	}
 	free(owner);
 	free(g);
-	freeReplyObject(rep);
 	return err;
 }
 
@@ -263,8 +271,7 @@ static void refresh(struct tbr__cluster *cl, int64_t deadline)
 	pthread_mutex_unlock(&cl->refresh_lock);
 }
 
-/* The slot's primary, or any node (which redirects) while the map has none. */
-static struct tbr__node *route(struct tbr__cluster *cl, unsigned slot)
+struct tbr__node *tbr__cluster_route(struct tbr__cluster *cl, unsigned slot)
 {
 	uint16_t i = atomic_load_explicit(&cl->owner[slot], memory_order_relaxed);
 	unsigned n = atomic_load_explicit(&cl->nnodes, memory_order_acquire);
@@ -277,6 +284,41 @@ static bool starts(const redisReply *rep, const char *prefix)
 {
 	size_t n = strlen(prefix);
 	return rep->len >= n && memcmp(rep->str, prefix, n) == 0;
+}
+
+int tbr__cluster_redirect(struct tbr__cluster *cl, const struct tbr__node *from,
+			  const redisReply *rep, struct tbr__node **to, bool *ask)
+{
+	struct tbr__redirect rd;
+	if (!(starts(rep, "MOVED ") || starts(rep, "ASK ")) ||
+	    tbr__redirect_parse(rep->str, rep->len, &rd) != 0)
+		return 1;
+	/* An empty host: the host of the node that answered (Redis 7). */
+	uint16_t index;
+	*to = rd.hostlen > 0 ? intern(cl, rd.host, rd.hostlen, rd.port, &index)
+			     : intern(cl, from->host, strlen(from->host), rd.port, &index);
+	*ask = rd.ask;
+	if (*to != NULL && !rd.ask) {
+		/* This slot at once; the rest of the map on the next call. */
+		atomic_store_explicit(&cl->owner[rd.slot], index, memory_order_relaxed);
+		atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
+	}
+	return *to == NULL ? intern_error(cl) : 0;
+}
+
+bool tbr__cluster_stale(struct tbr__cluster *cl)
+{
+	return atomic_load_explicit(&cl->stale, memory_order_relaxed);
+}
+
+void tbr__cluster_set_stale(struct tbr__cluster *cl)
+{
+	atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
+}
+
+int64_t tbr__cluster_timeout(const struct tbr__cluster *cl)
+{
+	return cl->timeout_ns;
 }
 
 int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call *call,
@@ -297,7 +339,7 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		int64_t left = deadline - tokenbucket_now();
 		if (left <= 0)
 			return err;
-		struct tbr__node *n = ask != NULL ? ask : route(cl, slot);
+		struct tbr__node *n = ask != NULL ? ask : tbr__cluster_route(cl, slot);
 		struct tbr__conn *c;
 		int got = get(cl, n, left, &c);
 		if (got != 0) {
@@ -332,27 +374,17 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			freeReplyObject(rep);
 			return err;
 		}
-		struct tbr__redirect rd;
-		uint16_t index;
+		struct tbr__node *to;
+		bool rd_ask;
 		if (starts(rep, "NOSCRIPT") && !(call->flags & TOKENBUCKET_REDIS_EVAL)) {
 			/* This node has not seen the script: the text, to the same node. */
 			call->flags |= TOKENBUCKET_REDIS_EVAL;
 			ask = asking ? n : NULL;
 			err = -ETIME;
-		} else if ((starts(rep, "MOVED ") || starts(rep, "ASK ")) &&
-			   tbr__redirect_parse(rep->str, rep->len, &rd) == 0) {
-			/* An empty host: the host of the node that answered (Redis 7). */
-			struct tbr__node *to = rd.hostlen > 0
-				? intern(cl, rd.host, rd.hostlen, rd.port, &index)
-				: intern(cl, n->host, strlen(n->host), rd.port, &index);
+		} else if (tbr__cluster_redirect(cl, n, rep, &to, &rd_ask) != 1) {
 			err = to == NULL ? intern_error(cl) : -ELOOP;
-			if (to != NULL && rd.ask) {
+			if (to != NULL && rd_ask)
 				ask = to;
-			} else if (to != NULL) {
-				/* This slot at once; the rest of the map on the next call. */
-				atomic_store_explicit(&cl->owner[rd.slot], index, memory_order_relaxed);
-				atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
-			}
 			if (to == NULL || ++redirects > TBR__REDIRECTS_MAX) {
 				freeReplyObject(rep);
 				return err;

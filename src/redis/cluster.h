@@ -29,4 +29,22 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			  struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 			  double *tokens, bool down_returns);
 
+/* The slot's primary, or any node (which redirects) while the map has none. */
+struct tbr__node *tbr__cluster_route(struct tbr__cluster *cl, unsigned slot);
+/*
+ * rep (an error from node from) as a redirection: 1 when it is none; 0
+ * with *to the node to send to (*ask: once, after ASKING; else the slot's
+ * owner is updated and the map marked stale); -ENOMEM or -ENOSPC when the
+ * node cannot be remembered (*to NULL).
+ */
+int tbr__cluster_redirect(struct tbr__cluster *cl, const struct tbr__node *from,
+			  const redisReply *rep, struct tbr__node **to, bool *ask);
+/* Replaces the map with the CLUSTER SLOTS reply rep of node n; 0 or a negative errno. */
+int tbr__cluster_map(struct tbr__cluster *cl, const struct tbr__node *n, const redisReply *rep);
+/* Whether the map may be wrong and wants a refresh; marking it so. */
+bool tbr__cluster_stale(struct tbr__cluster *cl);
+void tbr__cluster_set_stale(struct tbr__cluster *cl);
+/* A call's whole time, in ns. */
+int64_t tbr__cluster_timeout(const struct tbr__cluster *cl);
+
 #endif

@@ -9,6 +9,7 @@
 #include <event2/event.h>
 #include <signal.h>
 #include <stdio.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <unistd.h>
 #include <uv.h>
@@ -17,6 +18,7 @@
 #include <tokenbucket-redis-libuv.h>
 
 #include "check_redis.h"
+#include "cluster.h"
 
 /* ---- The two loops behind one face ---------------------------------------- */
 
@@ -90,6 +92,8 @@ static void (*fault)(void);
 /* While fewer were started, each completion starts another (refill_call): calls stay in flight. */
 static int refill_until;
 static struct tokenbucket_redis_call refill_call;
+/* Or, when set, the call of the i-th request. */
+static struct tokenbucket_redis_call (*refill_fn)(int i);
 static void start(const struct tokenbucket_redis_call *call);
 
 static void done(void *arg, int err, const struct tokenbucket_result *res,
@@ -106,8 +110,10 @@ static void done(void *arg, int err, const struct tokenbucket_result *res,
 	s->tokens = tokens;
 	if (++completed == fault_at && fault != NULL)
 		fault();
-	if (started < refill_until && ac != NULL)
-		start(&refill_call);
+	if (started < refill_until && ac != NULL) {
+		struct tokenbucket_redis_call c = refill_fn != NULL ? refill_fn(started) : refill_call;
+		start(&c);
+	}
 }
 
 static void start(const struct tokenbucket_redis_call *call)
@@ -472,16 +478,217 @@ START_TEST(test_bad_arguments)
 	struct tokenbucket_redis_loop none = { 0 };
 	struct tokenbucket_redis_async *a;
 	ck_assert_int_eq(tokenbucket_redis_async_open(&a, acli, &none), -EINVAL);
-	/* A cluster client has no asynchronous form yet. */
-	const char *seeds[] = { "redis://127.0.0.1:1" };
-	struct tokenbucket_redis *cl;
-	ck_assert_int_eq(tokenbucket_redis_open_cluster(&cl, seeds, 1, SEC, SEC), 0);
 	struct tokenbucket_redis_loop some = { .watch = no_watch, .timer = no_timer };
-	ck_assert_int_eq(tokenbucket_redis_async_open(&a, cl, &some), -EOPNOTSUPP);
-	tokenbucket_redis_close(cl);
+	ck_assert_int_eq(tokenbucket_redis_async_open(NULL, acli, &some), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_async_open(&a, NULL, &some), -EINVAL);
 	tokenbucket_redis_async_close(NULL);
 }
 END_TEST
+
+/* ---- A real cluster: 3 primaries, 3 replicas ------------------------------ */
+
+static struct cluster cl;
+static struct tokenbucket_redis *ccli;
+
+#define CKEYS 12
+static const struct tokenbucket_redis_limit fixed100 = { .tokens = 0, .period_ns = SEC, .burst = 100 };
+static char ckeys[CKEYS][48];
+static int ckey_owner[CKEYS];
+
+static void cluster_setup(void)
+{
+	memset(slots, 0, sizeof(slots));
+	started = completed = 0;
+	fault_at = -1;
+	fault = NULL;
+	refill_until = 0;
+	refill_fn = NULL;
+	/* Failover 1 s after a primary stops answering. */
+	ck_assert_msg(cluster_start(&cl, 1000) == 0, "the cluster did not come up");
+	/* One seed: the client learns the rest from MOVED and CLUSTER SLOTS. */
+	ck_assert_int_eq(tokenbucket_redis_open_cluster(&ccli, cl.seeds, 1, SEC, 2 * SEC), 0);
+	int p[CLUSTER_NODES];
+	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
+	for (int k = 0; k < CKEYS; k++) {
+		char name[16];
+		snprintf(name, sizeof(name), "ak%d", k);
+		ckey_owner[k] = p[k % 3];
+		ck_assert_ptr_nonnull(cluster_key_on(&cl, p[k % 3], name, ckeys[k], sizeof(ckeys[k])));
+	}
+	loop_init();
+	ac = async_open(ccli);
+}
+
+static void cluster_teardown(void)
+{
+	tokenbucket_redis_async_close(ac);
+	ac = NULL;
+	loop_fini();
+	tokenbucket_redis_close(ccli);
+	ccli = NULL;
+	cluster_stop(&cl);
+}
+
+/* The call of the i-th request: the keys in turn, rate 0, burst 100. */
+static struct tokenbucket_redis_call ckey_call(int i)
+{
+	const char *k = ckeys[i % CKEYS];
+	return (struct tokenbucket_redis_call){ .op = TOKENBUCKET_REDIS_ALLOW, .key = k,
+						.keylen = strlen(k), .limit = fixed100, .n = 1 };
+}
+
+/* Granted calls per key among slots [from, to). */
+static void granted_per_key(int from, int to, int granted[CKEYS])
+{
+	memset(granted, 0, CKEYS * sizeof(int));
+	for (int i = from; i < to; i++)
+		granted[i % CKEYS] += slots[i].err == 0 && slots[i].res.allowed;
+}
+
+START_TEST(test_cluster_thousands_in_flight)
+{
+	/* 3600 at once over keys on all three primaries: exactly the burst of each granted. */
+	for (int i = 0; i < 3600; i++) {
+		struct tokenbucket_redis_call c = ckey_call(i);
+		start(&c);
+	}
+	run_until_done();
+	each_once();
+	for (int i = 0; i < started; i++)
+		ck_assert_msg(slots[i].err == 0, "call %d: %d", i, slots[i].err);
+	int granted[CKEYS];
+	granted_per_key(0, started, granted);
+	for (int k = 0; k < CKEYS; k++)
+		ck_assert_int_eq(granted[k], 100);
+	/* The script flushed on every node while 2000 are in flight: none fails. */
+	int before = started;
+	for (int i = 0; i < 2000; i++) {
+		struct tokenbucket_redis_call c = ckey_call(i);
+		c.op = TOKENBUCKET_REDIS_TOKENS;
+		start(&c);
+		if (i == 1000)
+			for (int n = 0; n < CLUSTER_NODES; n++)
+				ck_assert_int_eq(server_cmd(&cl.node[n], "SCRIPT FLUSH"), REDIS_REPLY_STATUS);
+	}
+	run_until_done();
+	each_once();
+	for (int i = before; i < started; i++) {
+		ck_assert_msg(slots[i].err == 0, "call %d: %d", i, slots[i].err);
+		ck_assert(slots[i].tokens == 0);
+	}
+}
+END_TEST
+
+static int killed = -1;
+
+static void kill_primary(void)
+{
+	killed = ckey_owner[0];
+	ck_assert_int_eq(kill(cl.node[killed].pid, SIGKILL), 0);
+	waitpid(cl.node[killed].pid, NULL, 0);
+	cl.node[killed].pid = 0;
+}
+
+START_TEST(test_cluster_failover_in_flight)
+{
+	/*
+	 * 1200 in flight, refilled up to 5000, a primary SIGKILLed after 600
+	 * answers: its keys' calls fail (each once, within the timeout) until
+	 * the replica is promoted; the other primaries' keys lose nothing.
+	 */
+	fault_at = 600;
+	fault = kill_primary;
+	for (int i = 0; i < 1200; i++) {
+		struct tokenbucket_redis_call c = ckey_call(i);
+		start(&c);
+	}
+	/* The refill goes on with the same keys in turn. */
+	refill_fn = ckey_call;
+	refill_until = 5000;
+	run_until_done();
+	refill_until = 0;
+	refill_fn = NULL;
+	each_once();
+	int failed = 0, first_err = 0;
+	for (int i = 0; i < started; i++) {
+		int err = slots[i].err;
+		if (err != 0 && first_err == 0)
+			first_err = err;
+		failed += err != 0;
+		ck_assert_msg(err == 0 || err == -ETIME || err == -ECONNRESET || err == -EPIPE ||
+				      err == -ECONNREFUSED ||
+				      err == -EAGAIN,
+			      "call %d: %d", i, err);
+		/* Only the dead primary's keys fail. */
+		ck_assert_msg(err == 0 || ckey_owner[i % CKEYS] == killed, "call %d on a live primary: %d",
+			      i, err);
+	}
+	int granted[CKEYS];
+	granted_per_key(0, started, granted);
+	for (int k = 0; k < CKEYS; k++)
+		if (ckey_owner[k] != killed)
+			ck_assert_int_le(granted[k], 100);
+	ck_assert_msg(cluster_settle(&cl, 30 * SEC, false) == 0, "no settled cluster after the kill");
+	/* Recovered: every key answers again, the dead primary's through its replica. */
+	int before = started;
+	for (int i = 0; i < 600; i++) {
+		struct tokenbucket_redis_call c = ckey_call(started);
+		start(&c);
+	}
+	run_until_done();
+	each_once();
+	for (int i = before; i < started; i++)
+		ck_assert_msg(slots[i].err == 0, "after the failover, call %d: %d", i, slots[i].err);
+	int after[CKEYS];
+	granted_per_key(before, started, after);
+	for (int k = 0; k < CKEYS; k++)
+		if (ckey_owner[k] != killed)
+			ck_assert_int_eq(granted[k] + after[k], 100);
+	printf("cluster async (%s) SIGKILL of a primary: %d of %d calls failed (first %d)\n",
+	       kind == LIBEVENT ? "libevent" : "libuv", failed, before, first_err);
+}
+END_TEST
+
+START_TEST(test_cluster_close_in_flight)
+{
+	for (int i = 0; i < 3000; i++) {
+		struct tokenbucket_redis_call c = ckey_call(i);
+		start(&c);
+	}
+	/* A few turns of the loop, then closed with most still in flight. */
+	for (int t = 0; t < 3 && completed < started; t++)
+		loop_once();
+	close_client();
+	each_once();
+	for (int i = 0; i < started; i++)
+		ck_assert(slots[i].err == 0 || slots[i].err == -ECANCELED);
+}
+END_TEST
+
+static void cluster_setup_libevent(void)
+{
+	kind = LIBEVENT;
+	cluster_setup();
+}
+
+static void cluster_setup_libuv(void)
+{
+	kind = LIBUV;
+	cluster_setup();
+}
+
+static Suite *cluster_async_suite(const char *name, void (*setup_fn)(void))
+{
+	Suite *s = suite_create(name);
+	TCase *tc = tcase_create("cluster-async");
+	tcase_add_checked_fixture(tc, setup_fn, cluster_teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_cluster_thousands_in_flight);
+	tcase_add_test(tc, test_cluster_failover_in_flight);
+	tcase_add_test(tc, test_cluster_close_in_flight);
+	suite_add_tcase(s, tc);
+	return s;
+}
 
 static void setup_libevent(void)
 {
@@ -516,6 +723,9 @@ static Suite *async_suite(const char *name, void (*setup_fn)(void))
 int main(void)
 {
 	Suite *const suites[] = { async_suite("redis-async-libevent", setup_libevent),
-				  async_suite("redis-async-libuv", setup_libuv), NULL };
-	return redis_run(suites, server_available(), "redis-server (package redis-server)");
+				  async_suite("redis-async-libuv", setup_libuv),
+				  cluster_async_suite("cluster-async-libevent", cluster_setup_libevent),
+				  cluster_async_suite("cluster-async-libuv", cluster_setup_libuv), NULL };
+	return redis_run(suites, cluster_available(),
+			 "redis-server or redis-cli (package redis-server, redis-tools)");
 }
