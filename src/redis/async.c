@@ -29,9 +29,9 @@
  * `depth` counts the library's frames on the stack, and a close asked for
  * within them is done when the outermost returns.
  *
- * Not thread-safe: one thread (the loop's) uses an async client.  The
- * blocking client it was made from is shared safely (its map is atomic,
- * its fallback has its own lock).
+ * Not thread-safe: one thread (the loop's) uses an async client.  What it
+ * shares with the blocking client it was made from is safe to share: the
+ * cluster map is atomic, the fallback has its own lock.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -39,7 +39,7 @@
 
 #include <hiredis/async.h>
 
-#include "client.h"
+#include "async.h"
 #include "slots.h"
 
 /* Pause before an op is sent again after CLUSTERDOWN, TRYAGAIN, or a refused connection. */
@@ -85,11 +85,13 @@ struct op {
 };
 
 struct tokenbucket_redis_async {
-	struct tokenbucket_redis *r;
 	struct tokenbucket_redis_loop loop;
 	struct tbr__cluster *cluster; /* or NULL: one server, node */
 	struct tbr__node *node;
 	int64_t timeout_ns;
+	char *prefix;
+	size_t prefixlen;
+	struct tbr__fallback *fallback; /* or NULL */
 	struct conn **conns;
 	size_t nconns;
 	struct op *head, *tail;
@@ -176,7 +178,8 @@ static void complete(struct op *o, int err, struct tokenbucket_result *res,
 		memset(&v0, 0, sizeof(v0));
 		rv = &v0;
 	}
-	err = tbr__client_fallback(a->r, &o->call, err, res, rv);
+	if (a->fallback != NULL)
+		err = tbr__fallback_apply(a->fallback, &o->call, err, res, rv);
 	unlink_op(a, o);
 	bool granted = err == 0 && o->call.op == TOKENBUCKET_REDIS_RESERVE;
 	o->done(o->arg, err, res, granted ? rv : NULL, tokens);
@@ -251,7 +254,8 @@ static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
 	    starts(rep, "MASTERDOWN")) {
 		/* Not run; the cluster is moving a slot, electing, or loading. */
 		tbr__cluster_set_stale(a->cluster);
-		if (starts(rep, "CLUSTERDOWN") && tbr__client_down_returns(a->r, &o->call))
+		if (starts(rep, "CLUSTERDOWN") && a->fallback != NULL &&
+		    tbr__fallback_down_returns(a->fallback, &o->call))
 			complete(o, -EAGAIN, NULL, NULL, 0); /* the fallback decides now */
 		else
 			again(o, -EAGAIN, true);
@@ -519,22 +523,52 @@ static void settle(struct tokenbucket_redis_async *a)
 
 /* ---- The interface -------------------------------------------------------- */
 
-int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tokenbucket_redis *r,
-				 const struct tokenbucket_redis_loop *loop)
+int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async_config *cfg,
+		    const struct tokenbucket_redis_loop *loop)
 {
-	if (ap == NULL || r == NULL || loop == NULL || loop->watch == NULL || loop->timer == NULL)
+	if (ap == NULL || cfg == NULL || loop == NULL || loop->watch == NULL || loop->timer == NULL)
 		return -EINVAL;
 	struct tokenbucket_redis_async *a = calloc(1, sizeof(*a));
 	if (a == NULL)
 		return -ENOMEM;
-	a->r = r;
+	if (cfg->prefixlen > 0) {
+		a->prefix = malloc(cfg->prefixlen);
+		if (a->prefix == NULL) {
+			free(a);
+			return -ENOMEM;
+		}
+		memcpy(a->prefix, cfg->prefix, cfg->prefixlen);
+		a->prefixlen = cfg->prefixlen;
+	}
 	a->loop = *loop;
-	a->node = tbr__client_node(r);
-	a->cluster = tbr__client_cluster(r);
-	a->timeout_ns = tbr__client_timeout(r);
+	a->node = cfg->node;
+	a->cluster = cfg->cluster;
+	a->timeout_ns = cfg->timeout_ns;
+	a->fallback = cfg->fallback;
 	a->timer_ns = -1;
 	a->refreshed_at = INT64_MIN / 2;
 	*ap = a;
+	return 0;
+}
+
+/* The prefix and key in a new buffer *full (free()) of *len bytes; -EINVAL, -ENOMEM. */
+static int prefixed(const struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+		    char **full, size_t *len)
+{
+	if (key == NULL && keylen > 0)
+		return -EINVAL;
+	size_t n = a->prefixlen + keylen;
+	if (n < keylen)
+		return -EINVAL;
+	char *p = malloc(n + 1);
+	if (p == NULL)
+		return -ENOMEM;
+	if (a->prefixlen > 0)
+		memcpy(p, a->prefix, a->prefixlen);
+	if (keylen > 0)
+		memcpy(p + a->prefixlen, key, keylen);
+	*full = p;
+	*len = n;
 	return 0;
 }
 
@@ -553,6 +587,7 @@ static void close_now(struct tokenbucket_redis_async *a)
 	for (size_t i = 0; i < a->nconns; i++)
 		free(a->conns[i]);
 	free(a->conns);
+	free(a->prefix);
 	free(a);
 }
 
@@ -586,7 +621,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 	if (o == NULL)
 		return -ENOMEM;
 	size_t keylen;
-	int err = tbr__client_key(a->r, call->key, call->keylen, &o->key, &keylen);
+	int err = prefixed(a, call->key, call->keylen, &o->key, &keylen);
 	if (err != 0) {
 		free(o);
 		return err;

@@ -11,19 +11,11 @@
 #include <string.h>
 #include <sys/time.h>
 
-#include "client.h"
+#include "async.h"
 #include "cluster.h"
+#include "fallback.h"
 #include "slots.h"
 
-/* Local fallback buckets: one per slot, a key hashing into a taken slot replaces it. */
-#define TBR__FALLBACK_SLOTS 256
-
-struct tbr__local {
-	char *key;
-	size_t keylen;
-	struct tokenbucket_redis_limit limit;
-	struct tokenbucket *tb;
-};
 
 struct tokenbucket_redis {
 	struct tbr__node node;        /* one server: its address and pool */
@@ -32,9 +24,7 @@ struct tokenbucket_redis {
 	int64_t command_ns;
 	char *prefix;
 	size_t prefixlen;
-	double share;
-	pthread_mutex_t fallback_lock;
-	struct tbr__local *local; /* TBR__FALLBACK_SLOTS, allocated on first use */
+	struct tbr__fallback fallback;
 };
 
 static int64_t ns_or_default(int64_t ns)
@@ -49,7 +39,7 @@ static struct tokenbucket_redis *client_new(int64_t connect_timeout_ns, int64_t 
 	if (r == NULL)
 		return NULL;
 	tbr__node_init(&r->node);
-	pthread_mutex_init(&r->fallback_lock, NULL);
+	tbr__fallback_init(&r->fallback);
 	r->connect_tv = tbr__tv_of(ns_or_default(connect_timeout_ns));
 	r->command_ns = ns_or_default(command_timeout_ns);
 	return r;
@@ -96,14 +86,7 @@ void tokenbucket_redis_close(struct tokenbucket_redis *r)
 		return;
 	tbr__node_fini(&r->node);
 	tbr__cluster_close(r->cluster);
-	if (r->local != NULL) {
-		for (int i = 0; i < TBR__FALLBACK_SLOTS; i++) {
-			free(r->local[i].key);
-			tokenbucket_free(r->local[i].tb);
-		}
-		free(r->local);
-	}
-	pthread_mutex_destroy(&r->fallback_lock);
+	tbr__fallback_fini(&r->fallback);
 	free(r->prefix);
 	free(r);
 }
@@ -129,7 +112,7 @@ int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share)
 {
 	if (r == NULL || isnan(share) || share < 0 || share > 1)
 		return -EINVAL;
-	r->share = share;
+	r->fallback.share = share;
 	return 0;
 }
 
@@ -177,7 +160,7 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	struct tbr__sigpipe sp;
 	tbr__sigpipe_block(&sp);
 	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
-	bool down_returns = tbr__client_down_returns(r, call);
+	bool down_returns = tbr__fallback_down_returns(&r->fallback, call);
 	int err = r->cluster != NULL
 		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
 		: exchange(r, call, res, rv, tokens);
@@ -185,145 +168,7 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	return err;
 }
 
-/* ---- The local fallback -------------------------------------------------- */
-
-/* Errors after which Redis may answer again later; the fallback covers these. */
-static bool unavailable(int err)
-{
-	switch (-err) {
-	case ETIME: case ECONNREFUSED: case ECONNRESET: case ECONNABORTED: case EPIPE:
-	case ENOENT: case EHOSTUNREACH: case ENETUNREACH: case ENOTCONN: case EROFS:
-	case EBUSY: case EAGAIN: case ENOMEM:
-		return true;
-	default:
-		return false;
-	}
-}
-
-static uint64_t hash(const char *s, size_t len)
-{
-	uint64_t h = 1469598103934665603u; /* FNV-1a */
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ (unsigned char)s[i]) * 1099511628211u;
-	return h;
-}
-
-static struct tbr__local *local_slot(struct tokenbucket_redis *r, const char *key, size_t len)
-{
-	return &r->local[hash(key, len) % TBR__FALLBACK_SLOTS];
-}
-
-/* The key's local bucket, made (or remade, if its limit changed) with share of the limit. */
-static struct tokenbucket *local_bucket(struct tokenbucket_redis *r, const char *key, size_t len,
-					const struct tokenbucket_redis_limit *lim)
-{
-	if (r->local == NULL) {
-		r->local = calloc(TBR__FALLBACK_SLOTS, sizeof(*r->local));
-		if (r->local == NULL)
-			return NULL;
-	}
-	struct tbr__local *s = local_slot(r, key, len);
-	if (s->tb != NULL && s->keylen == len && memcmp(s->key, key, len) == 0 &&
-	    memcmp(&s->limit, lim, sizeof(*lim)) == 0)
-		return s->tb;
-	char *copy = malloc(len + 1);
-	if (copy == NULL)
-		return NULL;
-	memcpy(copy, key, len);
-	/* share of the rate: the same tokens over a period longer by 1 / share. */
-	double period = ceil((double)lim->period_ns / r->share);
-	int64_t p = period >= 0x1p63 ? INT64_MAX : (int64_t)period;
-	struct tokenbucket *tb = NULL;
-	if (tokenbucket_create_every(&tb, lim->tokens, lim->tokens > 0 ? p : 1,
-				     (uint64_t)floor((double)lim->burst * r->share), 0) != 0) {
-		free(copy);
-		return NULL;
-	}
-	free(s->key);
-	tokenbucket_free(s->tb);
-	*s = (struct tbr__local){ .key = copy, .keylen = len, .limit = *lim, .tb = tb };
-	return tb;
-}
-
-static void local_result(struct tokenbucket *tb, bool allowed, int64_t retry,
-			 struct tokenbucket_result *res)
-{
-	if (res == NULL)
-		return;
-	double level = tokenbucket_tokens(tb);
-	uint64_t burst = tokenbucket_burst(tb);
-	*res = (struct tokenbucket_result){
-		.allowed = allowed,
-		.flags = TOKENBUCKET_RESULT_LOCAL,
-		.limit = burst,
-		.remaining = level >= 1 ? (uint64_t)level : 0,
-		.retry_after_ns = retry,
-		.reset_after_ns = level >= (double)burst
-			? 0 : tokenbucket_duration_for(tb, burst - (uint64_t)(level > 0 ? level : 0)),
-	};
-}
-
-/* allow and reserve by the local bucket; 1 if it could not decide either. */
-static int fallback(struct tokenbucket_redis *r, const struct tokenbucket_redis_call *call,
-		    struct tokenbucket_result *res, struct tokenbucket_reservation *rv)
-{
-	pthread_mutex_lock(&r->fallback_lock);
-	struct tokenbucket *tb = local_bucket(r, call->key, call->keylen, &call->limit);
-	int err = 1;
-	if (tb != NULL && call->op == TOKENBUCKET_REDIS_ALLOW) {
-		bool ok = tokenbucket_allow(tb, call->n);
-		local_result(tb, ok, ok ? 0 : tokenbucket_duration_for(tb, call->n), res);
-		err = 0;
-	} else if (tb != NULL) {
-		struct tokenbucket_reservation v;
-		err = tokenbucket_reserve(tb, call->n, call->arg, &v);
-		int64_t delay = err == 0 ? tokenbucket_reservation_delay(&v, tokenbucket_now())
-				       : TOKENBUCKET_NEVER;
-		local_result(tb, err == 0, delay, res);
-		if (err == 0 && rv != NULL) {
-			*rv = v;
-			rv->reserved = 1; /* cancel goes to the local bucket */
-		}
-	}
-	pthread_mutex_unlock(&r->fallback_lock);
-	return err;
-}
-
-int tbr__client_fallback(struct tokenbucket_redis *r, const struct tokenbucket_redis_call *call,
-			 int err, struct tokenbucket_result *res, struct tokenbucket_reservation *rv)
-{
-	if (unavailable(err) && r->share > 0 &&
-	    (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE)) {
-		int local = fallback(r, call, res, rv);
-		if (local != 1)
-			err = local;
-	}
-	return err;
-}
-
-struct tbr__node *tbr__client_node(struct tokenbucket_redis *r)
-{
-	return r->cluster != NULL ? NULL : &r->node;
-}
-
-struct tbr__cluster *tbr__client_cluster(struct tokenbucket_redis *r)
-{
-	return r->cluster;
-}
-
-bool tbr__client_down_returns(const struct tokenbucket_redis *r,
-			      const struct tokenbucket_redis_call *call)
-{
-	return r->share > 0 &&
-	       (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE);
-}
-
-int64_t tbr__client_timeout(const struct tokenbucket_redis *r)
-{
-	return r->command_ns;
-}
-
-int tbr__client_key(const struct tokenbucket_redis *r, const void *key, size_t keylen,
+static int client_key(const struct tokenbucket_redis *r, const void *key, size_t keylen,
 		    char **full, size_t *len)
 {
 	if (key == NULL && keylen > 0)
@@ -367,7 +212,7 @@ static int run(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 		memcpy(full + r->prefixlen, call->key, call->keylen);
 	call->key = full;
 	call->keylen = len;
-	int err = tbr__client_fallback(r, call, round_trip(r, call, res, rv, tokens), res, rv);
+	int err = tbr__fallback_apply(&r->fallback, call, round_trip(r, call, res, rv, tokens), res, rv);
 	if (full != stack)
 		free(full);
 	return err;
@@ -432,20 +277,12 @@ static int cancel(struct tokenbucket_redis *r, const void *key, size_t keylen,
 		return -EINVAL;
 	if (rv->reserved == 1) {
 		/* A reservation the local fallback made goes back to its bucket. */
-		size_t len = r->prefixlen + keylen;
-		char *full = malloc(len + 1);
-		if (full == NULL)
-			return -ENOMEM;
-		if (r->prefixlen > 0)
-			memcpy(full, r->prefix, r->prefixlen);
-		if (keylen > 0)
-			memcpy(full + r->prefixlen, key, keylen);
-		pthread_mutex_lock(&r->fallback_lock);
-		struct tbr__local *s = r->local == NULL ? NULL : local_slot(r, full, len);
-		if (s != NULL && s->tb != NULL && s->keylen == len && memcmp(s->key, full, len) == 0)
-			tokenbucket_cancel(s->tb, rv);
-		rv->tokens = 0;
-		pthread_mutex_unlock(&r->fallback_lock);
+		char *full;
+		size_t len;
+		int err = client_key(r, key, keylen, &full, &len);
+		if (err != 0)
+			return err;
+		tbr__fallback_cancel(&r->fallback, full, len, rv);
 		free(full);
 		return 0;
 	}
@@ -508,6 +345,22 @@ int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t
 		return -EINVAL;
 	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_RESET, false, 0, tokens, 0);
 	return run(r, &call, NULL, NULL, NULL);
+}
+
+int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tokenbucket_redis *r,
+				 const struct tokenbucket_redis_loop *loop)
+{
+	if (r == NULL)
+		return -EINVAL;
+	const struct tbr__async_config cfg = {
+		.node = r->cluster != NULL ? NULL : &r->node,
+		.cluster = r->cluster,
+		.timeout_ns = r->command_ns,
+		.prefix = r->prefix,
+		.prefixlen = r->prefixlen,
+		.fallback = &r->fallback,
+	};
+	return tbr__async_open(ap, &cfg, loop);
 }
 
 int tokenbucket_redis_slot(const struct tokenbucket_redis *r, const void *key, size_t keylen)
