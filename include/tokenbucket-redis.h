@@ -108,6 +108,19 @@ TOKENBUCKET_API int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r,
  */
 TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share);
 
+/*
+ * Since 1.2.  enable 1: the blocking calls of every thread share one
+ * connection per server, written together and answered in order by an
+ * I/O thread of the client's (auto-pipelining), so threads no longer need
+ * a connection each; a call's errors, timeout, fallback and redirections
+ * are those of tokenbucket_redis_async_start.  enable 0 (the default):
+ * each call in flight has a pooled connection of its own.  Like the
+ * other set_* functions, not concurrently with calls.  The I/O thread
+ * does not survive fork().  -EINVAL: r NULL, enable not 0 or 1.
+ * -ENOMEM, -EAGAIN (no thread), -EMFILE.
+ */
+TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
+
 /* ---- Decisions ----------------------------------------------------------- */
 
 /*

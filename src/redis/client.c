@@ -12,6 +12,7 @@
 #include <sys/time.h>
 
 #include "async.h"
+#include "bridge.h"
 #include "cluster.h"
 #include "fallback.h"
 #include "slots.h"
@@ -25,6 +26,7 @@ struct tokenbucket_redis {
 	char *prefix;
 	size_t prefixlen;
 	struct tbr__fallback fallback;
+	struct tbr__bridge *bridge; /* calls pipelined by an I/O thread, or NULL */
 };
 
 static int64_t ns_or_default(int64_t ns)
@@ -84,6 +86,7 @@ void tokenbucket_redis_close(struct tokenbucket_redis *r)
 {
 	if (r == NULL)
 		return;
+	tbr__bridge_close(r->bridge);
 	tbr__node_fini(&r->node);
 	tbr__cluster_close(r->cluster);
 	tbr__fallback_fini(&r->fallback);
@@ -161,7 +164,8 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	tbr__sigpipe_block(&sp);
 	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
 	bool down_returns = tbr__fallback_down_returns(&r->fallback, call);
-	int err = r->cluster != NULL
+	int err = r->bridge != NULL ? tbr__bridge_call(r->bridge, call, res, rv, tokens)
+		  : r->cluster != NULL
 		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
 		: exchange(r, call, res, rv, tokens);
 	tbr__sigpipe_restore(&sp);
@@ -347,20 +351,42 @@ int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t
 	return run(r, &call, NULL, NULL, NULL);
 }
 
+/* An engine on r's server or cluster, with r's timeout and fallback, and prefix if with_prefix. */
+static struct tbr__async_config engine_config(struct tokenbucket_redis *r, bool with_prefix)
+{
+	return (struct tbr__async_config){
+		.node = r->cluster != NULL ? NULL : &r->node,
+		.cluster = r->cluster,
+		.timeout_ns = r->command_ns,
+		.prefix = with_prefix ? r->prefix : NULL,
+		.prefixlen = with_prefix ? r->prefixlen : 0,
+		.fallback = &r->fallback,
+	};
+}
+
 int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tokenbucket_redis *r,
 				 const struct tokenbucket_redis_loop *loop)
 {
 	if (r == NULL)
 		return -EINVAL;
-	const struct tbr__async_config cfg = {
-		.node = r->cluster != NULL ? NULL : &r->node,
-		.cluster = r->cluster,
-		.timeout_ns = r->command_ns,
-		.prefix = r->prefix,
-		.prefixlen = r->prefixlen,
-		.fallback = &r->fallback,
-	};
+	const struct tbr__async_config cfg = engine_config(r, true);
 	return tbr__async_open(ap, &cfg, loop);
+}
+
+int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable)
+{
+	if (r == NULL || (enable != 0 && enable != 1))
+		return -EINVAL;
+	if (!enable) {
+		tbr__bridge_close(r->bridge);
+		r->bridge = NULL;
+		return 0;
+	}
+	if (r->bridge != NULL)
+		return 0;
+	/* run() puts the prefix on each key before the engine sees it. */
+	const struct tbr__async_config cfg = engine_config(r, false);
+	return tbr__bridge_open(&r->bridge, &cfg);
 }
 
 int tokenbucket_redis_slot(const struct tokenbucket_redis *r, const void *key, size_t keylen)

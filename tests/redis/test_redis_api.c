@@ -7,6 +7,7 @@
  */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
@@ -239,6 +240,63 @@ START_TEST(test_threads_share_a_client)
 }
 END_TEST
 
+/* Pipelined: 8 threads, one connection, every grant exact. */
+static struct tokenbucket_redis *piped;
+static atomic_int piped_granted, piped_failed;
+
+static void *piped_calls(void *arg)
+{
+	(void)arg;
+	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 1000 };
+	for (int i = 0; i < 300; i++) {
+		struct tokenbucket_result res;
+		int err = tokenbucket_redis_allow(piped, KEY("piped"), &fixed, 1, &res);
+		if (err != 0)
+			atomic_fetch_add(&piped_failed, 1);
+		else if (res.allowed)
+			atomic_fetch_add(&piped_granted, 1);
+	}
+	return NULL;
+}
+
+START_TEST(test_pipelining_shares_one_connection)
+{
+	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 2), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(NULL, 1), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0); /* already */
+	atomic_store(&piped_granted, 0);
+	atomic_store(&piped_failed, 0);
+	pthread_t t[8];
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, piped_calls, NULL), 0);
+	for (int i = 0; i < 8; i++)
+		pthread_join(t[i], NULL);
+	ck_assert_int_eq(atomic_load(&piped_failed), 0);
+	ck_assert_int_eq(atomic_load(&piped_granted), 1000);
+	/* One connection for all eight threads: with cli's and the admin's, three. */
+	redisContext *a = server_admin(&srv);
+	ck_assert_ptr_nonnull(a);
+	redisReply *rep = redisCommand(a, "CLIENT LIST");
+	ck_assert_ptr_nonnull(rep);
+	int lines = 0;
+	for (size_t i = 0; i < rep->len; i++)
+		lines += rep->str[i] == '\n';
+	freeReplyObject(rep);
+	redisFree(a);
+	ck_assert_int_le(lines, 3);
+	/* Off again: the pool, a connection per thread in flight. */
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 0), 0);
+	double tokens = -1;
+	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 1000 };
+	ck_assert_int_eq(tokenbucket_redis_tokens(piped, KEY("piped"), &fixed, &tokens, NULL), 0);
+	ck_assert(tokens == 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	tokenbucket_redis_close(piped); /* with the I/O thread running */
+}
+END_TEST
+
 /* xorshift64*: the tests' own numbers, the same on every run. */
 static uint64_t next_random(uint64_t *x)
 {
@@ -293,6 +351,6 @@ Suite *redis_api_suite(void)
 	Suite *s = suite_create("redis-api");
 	redis_tcase(s, "api", redis_setup, 30,
 		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client,
-					    test_tokens_bit_for_bit, NULL });
+					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection, NULL });
 	return s;
 }
