@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe|async]
+ * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe|async|piped]
  *
  * Allow calls on one hot key (KEYS 1) or on random keys out of KEYS, with
  * INFLIGHT of them outstanding, for SECONDS.  By default INFLIGHT threads
@@ -9,7 +9,9 @@
  * outstanding on one TCP connection (URL redis://HOST:PORT) through
  * tokenbucket_redis_format and tokenbucket_redis_parse, as an event loop
  * would; with "async" one thread keeps INFLIGHT calls outstanding through
- * the asynchronous client on a libevent loop.  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
+ * the asynchronous client on a libevent loop; with "piped" the threads
+ * block as by default, their calls pipelined on one connection
+ * (tokenbucket_redis_set_pipelining).  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
  * client from those seeds instead (threads only).  Prints "decisions/s
  * p50_us p99_us errors".
  */
@@ -223,8 +225,11 @@ static int async_loop(struct tokenbucket_redis *r, int inflight, struct worker *
 
 int main(int argc, char **argv)
 {
+	bool piped = argc == 6 && strcmp(argv[5], "piped") == 0;
+	if (piped)
+		argc = 5; /* the threads' run, pipelined */
 	if (argc != 5 && !(argc == 6 && (strcmp(argv[5], "pipe") == 0 || strcmp(argv[5], "async") == 0))) {
-		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe|async]\n", argv[0]);
+		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe|async|piped]\n", argv[0]);
 		return 2;
 	}
 	int inflight = atoi(argv[2]);
@@ -247,6 +252,8 @@ int main(int argc, char **argv)
 	} else if (tokenbucket_redis_open(&r, argv[1], 1000000000, 1000000000) != 0) {
 		return 1;
 	}
+	if (piped && tokenbucket_redis_set_pipelining(r, 1) != 0)
+		return 1;
 	struct worker *w = calloc((size_t)inflight, sizeof(*w));
 	pthread_t *t = calloc((size_t)inflight, sizeof(*t));
 	int64_t start = tokenbucket_now();
