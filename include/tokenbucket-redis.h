@@ -51,8 +51,11 @@ struct tokenbucket_redis_limit {
 /* ---- Clients ------------------------------------------------------------- */
 
 /*
- * Creates a client for url: "redis://host[:port][/db]", "unix:/path[?db=N]"
- * or a socket path starting with "/".  Connections open on first use and
+ * Creates a client for url: "redis://host[:port][/db]", "unix:/path[?db=N]",
+ * a socket path starting with "/", or (since 1.2)
+ * "redis-sentinel://host[:port][,host[:port]...]/name[/db]": the primary of
+ * master name as the Redis Sentinels there (port 26379 by default) say,
+ * asked on every new connection, so a failover is followed.  Connections open on first use and
  * reopen on the call after a failure.  connect_timeout_ns bounds each
  * connection attempt, command_timeout_ns each round trip (<= 0: 1 second).
  * -EINVAL: rp or url NULL, url malformed.  -ENOMEM.
@@ -117,7 +120,8 @@ TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, 
  * each call in flight has a pooled connection of its own.  Like the
  * other set_* functions, not concurrently with calls.  The I/O thread
  * does not survive fork().  -EINVAL: r NULL, enable not 0 or 1.
- * -ENOMEM, -EAGAIN (no thread), -EMFILE.
+ * -EOPNOTSUPP: r is a Sentinel client.  -ENOMEM, -EAGAIN (no thread),
+ * -EMFILE.
  */
 TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
 
@@ -292,7 +296,7 @@ typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbuc
  * (copied).  r must outlive it; r's blocking calls go on working beside
  * it.  The async client belongs to the loop's thread: its functions must
  * not run concurrently with each other.  -EINVAL: a NULL argument, loop
- * without watch or timer.  -ENOMEM.
+ * without watch or timer.  -EOPNOTSUPP: r is a Sentinel client.  -ENOMEM.
  */
 TOKENBUCKET_API int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap,
 						 struct tokenbucket_redis *r,

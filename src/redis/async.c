@@ -528,6 +528,9 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 {
 	if (ap == NULL || cfg == NULL || loop == NULL || loop->watch == NULL || loop->timer == NULL)
 		return -EINVAL;
+	/* Asking the sentinels would block: not yet. */
+	if (cfg->node != NULL && cfg->node->sentinel != NULL)
+		return -EOPNOTSUPP;
 	struct tokenbucket_redis_async *a = calloc(1, sizeof(*a));
 	if (a == NULL)
 		return -ENOMEM;

@@ -128,6 +128,7 @@ static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *
 		    struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 		    double *tokens)
 {
+	bool demoted = false;
 	for (;;) {
 		struct tbr__conn *c = NULL;
 		bool reused;
@@ -149,6 +150,16 @@ static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *
 		tbr__conn_put(&r->node, c);
 		err = tbr__decode(call, rep, res, rv, tokens);
 		freeReplyObject(rep);
+		if (err == -EROFS && r->node.sentinel != NULL && !demoted) {
+			/*
+			 * A primary demoted after a failover (READONLY: the call did
+			 * not run): its pooled connections go, and a new one goes
+			 * where the sentinels say the primary is now.
+			 */
+			demoted = true;
+			tbr__node_flush(&r->node);
+			continue;
+		}
 		if (err != -ENOEXEC || (call->flags & TOKENBUCKET_REDIS_EVAL))
 			return err;
 		call->flags |= TOKENBUCKET_REDIS_EVAL;

@@ -41,6 +41,8 @@ static int parse_db(const char *s, int *db)
 int tbr__node_parse(struct tbr__node *r, const char *url)
 {
 	r->port = 6379;
+	if (strncmp(url, "redis-sentinel://", 17) == 0)
+		return tbr__sentinel_parse(&r->sentinel, url + 17, &r->db);
 	if (url[0] == '/' || strncmp(url, "unix:", 5) == 0) {
 		const char *p = url[0] == '/' ? url : url + 5;
 		while (p[0] == '/' && p[1] == '/')
@@ -107,7 +109,9 @@ void tbr__node_fini(struct tbr__node *n)
 	pthread_mutex_destroy(&n->lock);
 	free(n->host);
 	free(n->path);
+	tbr__sentinel_free(n->sentinel);
 	n->host = n->path = NULL;
+	n->sentinel = NULL;
 }
 
 /* ---- Connections --------------------------------------------------------- */
@@ -193,13 +197,28 @@ static bool conn_spoiled(const struct tbr__conn *c)
  */
 static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 {
-	if (n->db == 0)
-		return 0;
+	redisReply *rep = NULL;
+	int err = 0;
+	if (n->sentinel != NULL) {
+		/* What a sentinel named may have been demoted since: a replica refuses writes. */
+		static const char *const role[] = { "ROLE" };
+		err = tbr__conn_command(c, 1, role, &rep);
+		if (err == 0) {
+			bool primary = rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
+				       rep->element[0]->type == REDIS_REPLY_STRING &&
+				       strcmp(rep->element[0]->str, "master") == 0;
+			err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
+			      : primary ? 0 : -EROFS;
+			freeReplyObject(rep);
+		}
+	}
+	if (err != 0 || n->db == 0)
+		return err;
 	errno = 0;
-	redisReply *rep = redisCommand(c->c, "SELECT %d", n->db);
+	rep = redisCommand(c->c, "SELECT %d", n->db);
 	int saved = errno;
-	int err = rep == NULL ? tbr__conn_error(c->c, saved)
-		  : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
+	err = rep == NULL ? tbr__conn_error(c->c, saved)
+	      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
 	if (rep != NULL)
 		freeReplyObject(rep);
 	return err;
@@ -212,12 +231,23 @@ static int conn_open(const struct tbr__node *n, struct timeval connect_tv, int64
 	struct tbr__conn *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return -ENOMEM;
+	char *found = NULL;
+	int port = n->port;
+	if (n->sentinel != NULL) {
+		/* Every new connection goes where the sentinels say the primary is now. */
+		int err = tbr__sentinel_primary(n->sentinel, connect_tv, timeout_ns, &found, &port);
+		if (err != 0) {
+			free(c);
+			return err;
+		}
+	}
 	errno = 0;
 	if (n->path != NULL)
 		c->c = redisConnectUnixWithTimeout(n->path, connect_tv);
 	else
-		c->c = redisConnectWithTimeout(n->host, n->port, connect_tv);
+		c->c = redisConnectWithTimeout(found != NULL ? found : n->host, port, connect_tv);
 	int saved = errno;
+	free(found);
 	int err = c->c == NULL || c->c->err ? tbr__conn_error(c->c, saved) : 0;
 	if (err == 0)
 		err = tbr__conn_timeout(c, timeout_ns);

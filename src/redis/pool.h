@@ -16,6 +16,7 @@
 #include <sys/time.h>
 
 #include "internal.h"
+#include "sentinel.h"
 
 /*
  * One connection, used by one thread at a time.  State that belongs to the
@@ -37,11 +38,13 @@ struct tbr__node {
 	char *path;
 	int port;
 	int db;
+	struct tbr__sentinel *sentinel; /* or NULL: the primary is asked for on every connection */
 	_Atomic int64_t failed_at; /* tokenbucket_now() of its last failure (cluster nodes), or 0 */
 };
 
 /*
- * redis://host[:port][/db], unix:/path[?db=N], /path into n's address.
+ * redis://host[:port][/db], unix:/path[?db=N], /path, or
+ * redis-sentinel://host[:port][,host[:port]...]/name[/db] into n's address.
  * -EINVAL, -ENOMEM (n's strings are then freed by tbr__node_fini).
  */
 int tbr__node_parse(struct tbr__node *n, const char *url);
