@@ -279,7 +279,11 @@ static void idle_timeout(void)
 	/* The server closes connections idle for 1 s; 3 s leaves it room to notice. */
 	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET timeout 1"), REDIS_REPLY_STATUS);
 	sleep(3);
-	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET timeout 0"), REDIS_REPLY_STATUS);
+	/* A server starved of CPU for a second may close this very connection too: ask again. */
+	int type = -1;
+	for (int i = 0; i < 5 && type != REDIS_REPLY_STATUS; i++)
+		type = server_cmd(&srv, "CONFIG SET timeout 0");
+	ck_assert_int_eq(type, REDIS_REPLY_STATUS);
 }
 
 START_TEST(test_client_kill)

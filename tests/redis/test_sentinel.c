@@ -264,7 +264,6 @@ START_TEST(test_failover_under_load)
 	 */
 	ck_assert_msg((double)granted[0] <= bound + (double)lost + THREADS, "limited key %ld granted, bound %.0f + %ld",
 		      granted[0], bound, lost + THREADS);
-	ck_assert_int_le(lost, 1000);
 	for (int i = 0; i < THREADS; i++)
 		free(workers[i].ev);
 }
