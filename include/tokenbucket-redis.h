@@ -119,7 +119,7 @@ TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, 
  * are those of tokenbucket_redis_async_start.  enable 0 (the default):
  * each call in flight has a pooled connection of its own.  Like the
  * other set_* functions, not concurrently with calls.  The I/O thread
- * does not survive fork().  -EINVAL: r NULL, enable not 0 or 1.
+ * does not survive fork(): in a child the calls take pooled connections.  -EINVAL: r NULL, enable not 0 or 1.
  * -EOPNOTSUPP: r is a Sentinel client.  -ENOMEM, -EAGAIN (no thread),
  * -EMFILE.
  */

@@ -48,6 +48,7 @@ struct tbr__bridge {
 	bool stop;
 	int wake; /* eventfd: the queue was empty and is not */
 	pthread_t thread;
+	pid_t pid; /* the process the I/O thread runs in: a fork()ed child has none */
 	/* The I/O thread's own. */
 	struct tokenbucket_redis_async *a;
 	struct watched *fds;
@@ -196,6 +197,7 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 	if (b == NULL)
 		return -ENOMEM;
 	b->timer_at = -1;
+	b->pid = getpid();
 	b->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (b->wake < 0) {
 		int err = -errno;
@@ -222,10 +224,27 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 	return 0;
 }
 
+bool tbr__bridge_here(const struct tbr__bridge *b)
+{
+	return b->pid == getpid();
+}
+
 void tbr__bridge_close(struct tbr__bridge *b)
 {
 	if (b == NULL)
 		return;
+	if (!tbr__bridge_here(b)) {
+		/*
+		 * A fork()ed child: no I/O thread to stop, and the lock may have
+		 * been held by a thread that is not here.  Its copy of the engine
+		 * (no call in flight) and descriptors are freed alone.
+		 */
+		tokenbucket_redis_async_close(b->a);
+		free(b->fds);
+		close(b->wake);
+		free(b);
+		return;
+	}
 	pthread_mutex_lock(&b->lock);
 	b->stop = true;
 	pthread_mutex_unlock(&b->lock);

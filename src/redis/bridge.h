@@ -6,12 +6,16 @@
 #ifndef TOKENBUCKET_REDIS_BRIDGE_H
 #define TOKENBUCKET_REDIS_BRIDGE_H
 
+#include <stdbool.h>
+
 #include "async.h"
 
 struct tbr__bridge;
 
 /* An I/O thread running an engine for cfg; -ENOMEM, -EAGAIN, -EMFILE, -EINVAL. */
 int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cfg);
+/* Whether b's I/O thread runs in this process (not in a fork()ed child). */
+bool tbr__bridge_here(const struct tbr__bridge *b);
 /* Stops the thread and frees b (NULL: nothing); no call may be waiting. */
 void tbr__bridge_close(struct tbr__bridge *b);
 /*

@@ -175,7 +175,9 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	tbr__sigpipe_block(&sp);
 	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
 	bool down_returns = tbr__fallback_down_returns(&r->fallback, call);
-	int err = r->bridge != NULL ? tbr__bridge_call(r->bridge, call, res, rv, tokens)
+	/* In a fork()ed child the I/O thread is gone: calls take the pool again. */
+	int err = r->bridge != NULL && tbr__bridge_here(r->bridge)
+		? tbr__bridge_call(r->bridge, call, res, rv, tokens)
 		  : r->cluster != NULL
 		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
 		: exchange(r, call, res, rv, tokens);
