@@ -554,27 +554,6 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 	return 0;
 }
 
-/* The prefix and key in a new buffer *full (free()) of *len bytes; -EINVAL, -ENOMEM. */
-static int prefixed(const struct tokenbucket_redis_async *a, const void *key, size_t keylen,
-		    char **full, size_t *len)
-{
-	if (key == NULL && keylen > 0)
-		return -EINVAL;
-	size_t n = a->prefixlen + keylen;
-	if (n < keylen)
-		return -EINVAL;
-	char *p = malloc(n + 1);
-	if (p == NULL)
-		return -ENOMEM;
-	if (a->prefixlen > 0)
-		memcpy(p, a->prefix, a->prefixlen);
-	if (keylen > 0)
-		memcpy(p + a->prefixlen, key, keylen);
-	*full = p;
-	*len = n;
-	return 0;
-}
-
 static void close_now(struct tokenbucket_redis_async *a)
 {
 	a->depth++;
@@ -624,7 +603,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 	if (o == NULL)
 		return -ENOMEM;
 	size_t keylen;
-	int err = prefixed(a, call->key, call->keylen, &o->key, &keylen);
+	int err = tbr__key_join(a->prefix, a->prefixlen, call->key, call->keylen, &o->key, &keylen);
 	if (err != 0) {
 		free(o);
 		return err;

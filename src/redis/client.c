@@ -185,25 +185,6 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	return err;
 }
 
-static int client_key(const struct tokenbucket_redis *r, const void *key, size_t keylen,
-		    char **full, size_t *len)
-{
-	if (key == NULL && keylen > 0)
-		return -EINVAL;
-	size_t n = r->prefixlen + keylen;
-	if (n < keylen)
-		return -EINVAL;
-	char *p = malloc(n + 1);
-	if (p == NULL)
-		return -ENOMEM;
-	if (r->prefixlen > 0)
-		memcpy(p, r->prefix, r->prefixlen);
-	if (keylen > 0)
-		memcpy(p + r->prefixlen, key, keylen);
-	*full = p;
-	*len = n;
-	return 0;
-}
 
 /* ---- The calls ----------------------------------------------------------- */
 
@@ -296,7 +277,7 @@ static int cancel(struct tokenbucket_redis *r, const void *key, size_t keylen,
 		/* A reservation the local fallback made goes back to its bucket. */
 		char *full;
 		size_t len;
-		int err = client_key(r, key, keylen, &full, &len);
+		int err = tbr__key_join(r->prefix, r->prefixlen, key, keylen, &full, &len);
 		if (err != 0)
 			return err;
 		tbr__fallback_cancel(&r->fallback, full, len, rv);

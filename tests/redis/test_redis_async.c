@@ -144,27 +144,40 @@ static void each_once(void)
 		ck_assert_msg(slots[i].calls == 1, "call %d completed %d times", i, slots[i].calls);
 }
 
-static void setup(void)
+/* No call started, no fault or refill planned. */
+static void counts_reset(void)
 {
-	redis_setup();
 	memset(slots, 0, sizeof(slots));
 	started = completed = 0;
 	fault_at = -1;
 	fault = NULL;
 	refill_until = 0;
+	refill_fn = NULL;
+}
+
+static void setup(void)
+{
+	redis_setup();
+	counts_reset();
 	loop_init();
 	/* Thousands queue on one connection behind each other: a timeout for all of them. */
 	ck_assert_int_eq(tokenbucket_redis_open(&acli, srv.url, SEC, 2 * SEC * multiplier()), 0);
 	ac = async_open(acli);
 }
 
-static void teardown(void)
+/* Closes ac, its loop and the client *r it was made from. */
+static void async_fini(struct tokenbucket_redis **r)
 {
 	tokenbucket_redis_async_close(ac);
 	ac = NULL;
 	loop_fini();
-	tokenbucket_redis_close(acli);
-	acli = NULL;
+	tokenbucket_redis_close(*r);
+	*r = NULL;
+}
+
+static void teardown(void)
+{
+	async_fini(&acli);
 	redis_teardown();
 }
 
@@ -509,12 +522,7 @@ static int ckey_owner[CKEYS];
 
 static void cluster_setup(void)
 {
-	memset(slots, 0, sizeof(slots));
-	started = completed = 0;
-	fault_at = -1;
-	fault = NULL;
-	refill_until = 0;
-	refill_fn = NULL;
+	counts_reset();
 	/* Failover 1 s after a primary stops answering. */
 	ck_assert_msg(cluster_start(&cl, 1000) == 0, "the cluster did not come up");
 	/* One seed: the client learns the rest from MOVED and CLUSTER SLOTS. */
@@ -534,11 +542,7 @@ static void cluster_setup(void)
 
 static void cluster_teardown(void)
 {
-	tokenbucket_redis_async_close(ac);
-	ac = NULL;
-	loop_fini();
-	tokenbucket_redis_close(ccli);
-	ccli = NULL;
+	async_fini(&ccli);
 	cluster_stop(&cl);
 }
 
@@ -674,7 +678,8 @@ START_TEST(test_cluster_close_in_flight)
 	close_client();
 	each_once();
 	for (int i = 0; i < started; i++)
-		ck_assert(slots[i].err == 0 || slots[i].err == -ECANCELED);
+		ck_assert_msg(slots[i].err == 0 || slots[i].err == -ECANCELED, "call %d: %d", i,
+			      slots[i].err);
 }
 END_TEST
 
@@ -690,19 +695,6 @@ static void cluster_setup_libuv(void)
 	cluster_setup();
 }
 
-static Suite *cluster_async_suite(const char *name, void (*setup_fn)(void))
-{
-	Suite *s = suite_create(name);
-	TCase *tc = tcase_create("cluster-async");
-	tcase_add_checked_fixture(tc, setup_fn, cluster_teardown);
-	tcase_set_timeout(tc, 120);
-	tcase_add_test(tc, test_cluster_thousands_in_flight);
-	tcase_add_test(tc, test_cluster_failover_in_flight);
-	tcase_add_test(tc, test_cluster_close_in_flight);
-	suite_add_tcase(s, tc);
-	return s;
-}
-
 static void setup_libevent(void)
 {
 	kind = LIBEVENT;
@@ -715,30 +707,37 @@ static void setup_libuv(void)
 	setup();
 }
 
-static Suite *async_suite(const char *name, void (*setup_fn)(void))
+/* A suite of one test case: tests with setup_fn and teardown_fn around each. */
+static Suite *suite_of(const char *name, void (*setup_fn)(void), void (*teardown_fn)(void),
+		       int timeout, const TTest *const *tests)
 {
 	Suite *s = suite_create(name);
-	TCase *tc = tcase_create("async");
-	tcase_add_checked_fixture(tc, setup_fn, teardown);
-	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, test_thousands_in_flight);
-	tcase_add_test(tc, test_same_answers_as_the_local_library);
-	tcase_add_test(tc, test_script_flushed_in_flight);
-	tcase_add_test(tc, test_killed_mid_flight);
-	tcase_add_test(tc, test_stopped_mid_flight);
-	tcase_add_test(tc, test_close_in_flight);
-	tcase_add_test(tc, test_fallback_when_down);
-	tcase_add_test(tc, test_bad_arguments);
+	TCase *tc = tcase_create(name);
+	tcase_add_checked_fixture(tc, setup_fn, teardown_fn);
+	tcase_set_timeout(tc, timeout);
+	for (int i = 0; tests[i] != NULL; i++)
+		tcase_add_test(tc, tests[i]);
 	suite_add_tcase(s, tc);
 	return s;
 }
 
 int main(void)
 {
-	Suite *const suites[] = { async_suite("redis-async-libevent", setup_libevent),
-				  async_suite("redis-async-libuv", setup_libuv),
-				  cluster_async_suite("cluster-async-libevent", cluster_setup_libevent),
-				  cluster_async_suite("cluster-async-libuv", cluster_setup_libuv), NULL };
+	const TTest *const one_server[] = {
+		test_thousands_in_flight, test_same_answers_as_the_local_library,
+		test_script_flushed_in_flight, test_killed_mid_flight, test_stopped_mid_flight,
+		test_close_in_flight, test_fallback_when_down, test_bad_arguments, NULL
+	};
+	const TTest *const cluster[] = { test_cluster_thousands_in_flight,
+					 test_cluster_failover_in_flight, test_cluster_close_in_flight,
+					 NULL };
+	Suite *const suites[] = {
+		suite_of("redis-async-libevent", setup_libevent, teardown, 60, one_server),
+		suite_of("redis-async-libuv", setup_libuv, teardown, 60, one_server),
+		suite_of("cluster-async-libevent", cluster_setup_libevent, cluster_teardown, 120, cluster),
+		suite_of("cluster-async-libuv", cluster_setup_libuv, cluster_teardown, 120, cluster),
+		NULL
+	};
 	return redis_run(suites, cluster_available(),
 			 "redis-server or redis-cli (package redis-server, redis-tools)");
 }
