@@ -161,7 +161,7 @@ static void setup(void)
 	counts_reset();
 	loop_init();
 	/* Thousands queue on one connection behind each other: a timeout for all of them. */
-	ck_assert_int_eq(tokenbucket_redis_open(&acli, srv.url, SEC, 2 * SEC * multiplier()), 0);
+	ck_assert_int_eq(tokenbucket_redis_open(&acli, srv.url, SEC, 5 * SEC * multiplier()), 0);
 	ac = async_open(acli);
 }
 
@@ -526,7 +526,7 @@ static void cluster_setup(void)
 	/* Failover 1 s after a primary stops answering. */
 	ck_assert_msg(cluster_start(&cl, 1000) == 0, "the cluster did not come up");
 	/* One seed: the client learns the rest from MOVED and CLUSTER SLOTS. */
-	ck_assert_int_eq(tokenbucket_redis_open_cluster(&ccli, cl.seeds, 1, SEC, 2 * SEC * multiplier()),
+	ck_assert_int_eq(tokenbucket_redis_open_cluster(&ccli, cl.seeds, 1, SEC, 5 * SEC * multiplier()),
 			 0);
 	int p[CLUSTER_NODES];
 	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
