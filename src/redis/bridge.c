@@ -53,6 +53,8 @@ struct tbr__bridge {
 	struct tokenbucket_redis_async *a;
 	struct watched *fds;
 	size_t nfds;
+	struct pollfd *poll; /* the loop's array, kept here so that a fork()ed child frees it */
+	size_t npoll;
 	int64_t timer_at; /* tokenbucket_now() to fire at, or -1 */
 };
 
@@ -130,8 +132,6 @@ static void *io_thread(void *arg)
 	sigset_t all;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
-	struct pollfd *p = NULL;
-	size_t cap = 0;
 	for (;;) {
 		pthread_mutex_lock(&b->lock);
 		bool stop = b->stop;
@@ -139,15 +139,16 @@ static void *io_thread(void *arg)
 		if (stop)
 			break;
 		size_t n = b->nfds + 1;
-		if (n > cap) {
-			struct pollfd *more = realloc(p, n * sizeof(*more));
+		if (n > b->npoll) {
+			struct pollfd *more = realloc(b->poll, n * sizeof(*more));
 			if (more == NULL) {
-				n = 1; /* only the queue this turn */
+				n = b->npoll; /* the descriptors that fit, this turn */
 			} else {
-				p = more;
-				cap = n;
+				b->poll = more;
+				b->npoll = n;
 			}
 		}
+		struct pollfd *p = b->poll;
 		p[0] = (struct pollfd){ .fd = b->wake, .events = POLLIN };
 		for (size_t i = 1; i < n; i++)
 			p[i] = (struct pollfd){
@@ -185,7 +186,6 @@ static void *io_thread(void *arg)
 			tokenbucket_redis_async_timeout(b->a);
 		}
 	}
-	free(p);
 	return NULL;
 }
 
@@ -198,9 +198,13 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 		return -ENOMEM;
 	b->timer_at = -1;
 	b->pid = getpid();
-	b->wake = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	/* Room for the eventfd at least: the loop never lacks it. */
+	b->poll = malloc(sizeof(*b->poll));
+	b->npoll = 1;
+	b->wake = b->poll == NULL ? -1 : eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	if (b->wake < 0) {
-		int err = -errno;
+		int err = b->poll == NULL ? -ENOMEM : -errno;
+		free(b->poll);
 		free(b);
 		return err;
 	}
@@ -217,6 +221,7 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 	}
 	if (err != 0) {
 		close(b->wake);
+		free(b->poll);
 		free(b);
 		return err;
 	}
@@ -241,6 +246,7 @@ void tbr__bridge_close(struct tbr__bridge *b)
 		 */
 		tokenbucket_redis_async_close(b->a);
 		free(b->fds);
+		free(b->poll);
 		close(b->wake);
 		free(b);
 		return;
@@ -255,6 +261,7 @@ void tbr__bridge_close(struct tbr__bridge *b)
 	/* No caller waits now (close never runs beside calls). */
 	tokenbucket_redis_async_close(b->a);
 	free(b->fds);
+	free(b->poll);
 	close(b->wake);
 	pthread_mutex_destroy(&b->lock);
 	free(b);
