@@ -95,12 +95,21 @@ struct tokenbucket_redis_async {
 	struct conn **conns;
 	size_t nconns;
 	struct op *head, *tail;
+	size_t nwaiting;       /* ops not sent (conn NULL): the scans below skip when 0 */
 	int64_t timer_ns;      /* the timer as last armed (-1: disarmed) */
 	bool refreshing;       /* a CLUSTER SLOTS is on its way */
 	int64_t refreshed_at;
 	int depth;
 	bool closing;
 };
+
+/* Binds o to connection c (NULL: waiting again), keeping the count of waiting ops. */
+static void bind_op(struct op *o, struct conn *c)
+{
+	if ((o->conn == NULL) != (c == NULL))
+		o->a->nwaiting += c == NULL ? 1 : (size_t)-1;
+	o->conn = c;
+}
 
 /* ---- The event loop ------------------------------------------------------- */
 
@@ -131,7 +140,7 @@ static void ev_cleanup(void *p)
 static void arm(struct tokenbucket_redis_async *a)
 {
 	int64_t at = a->head != NULL ? a->head->deadline : INT64_MAX;
-	for (struct op *o = a->head; o != NULL; o = o->next) {
+	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
 		if (o->conn == NULL && o->err != 0) {
 			at = INT64_MIN;
 			break;
@@ -180,6 +189,8 @@ static void complete(struct op *o, int err, struct tokenbucket_result *res,
 	}
 	if (a->fallback != NULL)
 		err = tbr__fallback_apply(a->fallback, &o->call, err, res, rv);
+	bind_op(o, NULL);
+	a->nwaiting--; /* o leaves the list */
 	unlink_op(a, o);
 	bool granted = err == 0 && o->call.op == TOKENBUCKET_REDIS_RESERVE;
 	o->done(o->arg, err, res, granted ? rv : NULL, tokens);
@@ -211,7 +222,7 @@ static int conn_error(const redisAsyncContext *ac)
 /* o goes back to waiting, sent again after a pause (pause) or at once. */
 static void again(struct op *o, int last_err, bool pause)
 {
-	o->conn = NULL;
+	bind_op(o, NULL);
 	o->last_err = last_err;
 	o->pause_until = pause ? tokenbucket_now() + PAUSE_NS : 0;
 }
@@ -299,7 +310,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 			c->loading = true;
 		}
 		o->retried = true;
-		o->conn = NULL;
+		bind_op(o, NULL);
 		if (o->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
 			o->err = -ENOMEM;
 		else
@@ -323,7 +334,7 @@ static void send_op(struct op *o, struct conn *c)
 	if (err == 0 && redisAsyncCommandArgv(c->ac, on_reply, o, TBR__ARGC, args.argv, args.len) !=
 				REDIS_OK)
 		err = -ENOMEM;
-	o->conn = err == 0 ? c : NULL;
+	bind_op(o, err == 0 ? c : NULL);
 	o->err = err;
 }
 
@@ -467,7 +478,7 @@ static void refresh(struct tokenbucket_redis_async *a, int64_t now)
 static void send_waiting(struct tokenbucket_redis_async *a)
 {
 	int64_t now = tokenbucket_now();
-	for (struct op *o = a->head; o != NULL; o = o->next) {
+	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
 		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
 			continue;
 		struct tbr__node *n = o->ask != NULL ? o->ask
@@ -510,7 +521,7 @@ static void send_waiting(struct tokenbucket_redis_async *a)
  */
 static void settle(struct tokenbucket_redis_async *a)
 {
-	for (struct op *o = a->head, *next; o != NULL; o = next) {
+	for (struct op *o = a->nwaiting > 0 ? a->head : NULL, *next; o != NULL; o = next) {
 		next = o->next;
 		if (o->conn == NULL && o->err != 0)
 			complete(o, o->err, NULL, NULL, 0);
@@ -631,6 +642,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 	else
 		a->head = o;
 	a->tail = o;
+	a->nwaiting++;
 	if (a->depth > 0)
 		return 0; /* within a callback: settle() sends it on the way out */
 	a->depth++;
