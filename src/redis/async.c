@@ -34,6 +34,7 @@
  * cluster map is atomic, the fallback has its own lock.
  */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,6 +49,8 @@
 #define REDIRECTS_MAX 16
 /* The least time between two map requests. */
 #define REFRESH_GAP_NS INT64_C(10000000)
+/* A node whose connection failed this recently is not asked for the map. */
+#define SUSPECT_NS INT64_C(1000000000)
 
 struct tokenbucket_redis_async;
 
@@ -282,6 +285,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 	if (reply == NULL) {
 		/* hiredis is freeing the connection: every op on it ends the same way. */
 		c->dying = true;
+		if (c->drop_err == 0)
+			atomic_store_explicit(&c->node->failed_at, tokenbucket_now(), memory_order_relaxed);
 		if (c->unreached && c->drop_err == 0 && o->a->cluster != NULL) {
 			/* Never written: the node refused; tried again after a pause. */
 			tbr__cluster_set_stale(o->a->cluster);
@@ -459,9 +464,15 @@ static void refresh(struct tokenbucket_redis_async *a, int64_t now)
 	if (a->cluster == NULL || a->refreshing || !tbr__cluster_stale(a->cluster) ||
 	    now - a->refreshed_at < REFRESH_GAP_NS)
 		return;
+	/*
+	 * Only a connection that is up, to a node that has not failed in the
+	 * last second: the map of a dead node's connection never comes.
+	 */
 	for (size_t i = 0; i < a->nconns; i++) {
 		struct conn *c = a->conns[i];
-		if (c->ac != NULL && c->ready && !c->dying &&
+		int64_t failed = atomic_load_explicit(&c->node->failed_at, memory_order_relaxed);
+		if (c->ac != NULL && c->ready && !c->dying && (c->ac->c.flags & REDIS_CONNECTED) &&
+		    (failed == 0 || now - failed >= SUSPECT_NS) &&
 		    redisAsyncCommand(c->ac, on_slots, c, "CLUSTER SLOTS") == REDIS_OK) {
 			a->refreshing = true;
 			a->refreshed_at = now;
