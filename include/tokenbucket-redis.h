@@ -54,8 +54,11 @@ struct tokenbucket_redis_limit {
 /* ---- Clients ------------------------------------------------------------- */
 
 /*
- * Creates a client for url: "redis://host[:port][/db]", "unix:/path[?db=N]"
- * or a socket path starting with "/".  Connections open on first use and
+ * Creates a client for url: "redis://host[:port][/db]", "unix:/path[?db=N]",
+ * a socket path starting with "/", or (since 1.2)
+ * "redis-sentinel://host[:port][,host[:port]...]/name[/db]": the primary of
+ * master name as the Redis Sentinels there (port 26379 by default) say,
+ * asked on every new connection, so a failover is followed.  Connections open on first use and
  * reopen on the call after a failure.  connect_timeout_ns bounds each
  * connection attempt, command_timeout_ns each round trip (<= 0: 1 second).
  * -EINVAL: rp or url NULL, url malformed.  -ENOMEM.
@@ -102,12 +105,28 @@ TOKENBUCKET_API int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r,
 						 const void *prefix, size_t len);
 /*
  * When Redis cannot answer (connection, timeout, OOM, READONLY, BUSY,
- * LOADING), allow and reserve decide with a local bucket per key holding
- * share (0 < share <= 1) of the rate and of the burst, and say so with
- * TOKENBUCKET_RESULT_LOCAL.  share 0 turns the fallback off (the default).
+ * LOADING, a cluster that is down), allow and reserve decide with a local
+ * bucket per key holding share (0 < share <= 1) of the rate and of the
+ * burst, and say so with TOKENBUCKET_RESULT_LOCAL.  A cluster node's
+ * CLUSTERDOWN is taken at once, without waiting for the timeout.  share 0
+ * turns the fallback off (the default).
  * -EINVAL: r NULL, share NaN, negative or above 1.
  */
 TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share);
+
+/*
+ * Since 1.2.  enable 1: the blocking calls of every thread share one
+ * connection per server, written together and answered in order by an
+ * I/O thread of the client's (auto-pipelining), so threads no longer need
+ * a connection each; a call's errors, timeout, fallback and redirections
+ * are those of tokenbucket_redis_async_start.  enable 0 (the default):
+ * each call in flight has a pooled connection of its own.  Like the
+ * other set_* functions, not concurrently with calls.  The I/O thread
+ * does not survive fork(): in a child the calls take pooled connections.  -EINVAL: r NULL, enable not 0 or 1.
+ * -EOPNOTSUPP: r is a Sentinel client.  -ENOMEM, -EAGAIN (no thread),
+ * -EMFILE.
+ */
+TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
 
 /* ---- Decisions ----------------------------------------------------------- */
 
@@ -237,6 +256,83 @@ TOKENBUCKET_API int tokenbucket_redis_parse(const struct tokenbucket_redis_call 
 					    struct tokenbucket_reservation *rv, double *tokens);
 /* The Lua script's text (NUL-terminated) and, if sha1 is not NULL, its SHA-1 in hex. */
 TOKENBUCKET_API const char *tokenbucket_redis_script(const char **sha1);
+
+/* ---- Without blocking: an event loop drives the client (since 1.2) ----- */
+
+struct tokenbucket_redis_async;
+
+/* Events of tokenbucket_redis_loop.watch and tokenbucket_redis_async_ready. */
+#define TOKENBUCKET_REDIS_READ (1u << 0)
+#define TOKENBUCKET_REDIS_WRITE (1u << 1)
+
+/*
+ * What the library asks of an event loop, as libcurl's multi interface and
+ * c-ares do.  The library calls these from within its own functions only:
+ *  - watch: from now on, tell tokenbucket_redis_async_ready when fd is ready
+ *    for events (TOKENBUCKET_REDIS_READ | _WRITE); 0: stop watching fd (it
+ *    may be closed right after).
+ *  - timer: call tokenbucket_redis_async_timeout once, ns nanoseconds from
+ *    now (0: as soon as the loop can, never from within this call); a
+ *    negative ns disarms it.  Each call replaces the previous timer.
+ *  - free: the async client is being closed; data is no longer used.  May
+ *    be NULL.
+ */
+struct tokenbucket_redis_loop {
+	void *data;
+	void (*watch)(void *data, int fd, unsigned events);
+	void (*timer)(void *data, int64_t ns);
+	void (*free)(void *data);
+};
+
+/*
+ * A call's completion: err and the outputs the blocking call would give
+ * (res for every op; rv for a reservation granted; tokens for TOKENS, 0
+ * otherwise).  The pointers are valid during the callback only.
+ */
+typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbucket_result *res,
+				       const struct tokenbucket_reservation *rv, double tokens);
+
+/*
+ * Since 1.2.  An asynchronous client on r's server or cluster: same
+ * address (or seeds and slot map), timeouts, key prefix and local fallback
+ * as r, with connections of its own (one per server) driven by loop
+ * (copied).  r must outlive it; r's blocking calls go on working beside
+ * it.  The async client belongs to the loop's thread: its functions must
+ * not run concurrently with each other.  -EINVAL: a NULL argument, loop
+ * without watch or timer.  -EOPNOTSUPP: r is a Sentinel client.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap,
+						 struct tokenbucket_redis *r,
+						 const struct tokenbucket_redis_loop *loop);
+/*
+ * Since 1.2.  Completes every call still in flight with -ECANCELED, stops
+ * watching, calls loop->free and frees a (NULL: nothing).  May be called
+ * from a completion callback.
+ */
+TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_async *a);
+/*
+ * Since 1.2.  Starts call (TOKENBUCKET_REDIS_AT in its flags for the _at
+ * form; the client's prefix is added to its key) and returns at once:
+ * done(arg, ...) is called exactly once, later, from
+ * tokenbucket_redis_async_ready, _timeout or _close, with what the
+ * blocking call would return: the result of the script, -ETIME past the
+ * command timeout, a connection's error, a decision of the local fallback
+ * for ALLOW and RESERVE; on a cluster MOVED, ASK, CLUSTERDOWN and TRYAGAIN
+ * are followed as by the blocking call.  Calls are pipelined, one
+ * connection per server; a connection that times out or fails takes every
+ * call on it with it, as the blocking call's connection would.  A CANCEL of a reservation the
+ * fallback made goes to tokenbucket_redis_cancel instead.  0, or before
+ * anything starts (done is then not called): -EINVAL (a NULL pointer, a
+ * bad call), -ERANGE, -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
+						  const struct tokenbucket_redis_call *call,
+						  tokenbucket_redis_done_fn *done, void *arg);
+/* Since 1.2.  fd, which the library asked to watch, is ready for events. */
+TOKENBUCKET_API void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd,
+						   unsigned events);
+/* Since 1.2.  The timer the library armed has fired. */
+TOKENBUCKET_API void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a);
 
 #ifdef __cplusplus
 }

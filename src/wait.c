@@ -5,78 +5,13 @@
  * watches the cancel descriptor while it sleeps; it never busy-waits.
  */
 #include <errno.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <time.h>
-
-#include <bsd/sys/time.h>
 
 #include "internal.h"
+#include "sleep.h"
 
 int64_t tokenbucket_now(void)
 {
 	return tb__now();
-}
-
-static struct timespec timespec_of(int64_t ns)
-{
-	return (struct timespec){ .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
-}
-
-/* 1 if fd is readable or hung up, 0 if not, or a negative errno. */
-static int cancel_requested(int fd)
-{
-	struct pollfd pfd = { .fd = fd, .events = POLLIN };
-	int ready;
-	do
-		ready = poll(&pfd, 1, 0);
-	while (ready < 0 && errno == EINTR);
-	if (ready < 0)
-		return -errno;
-	if (pfd.revents & POLLNVAL)
-		return -EBADF;
-	return ready > 0;
-}
-
-/*
- * The longest one ppoll sleeps.  Closing a descriptor does not wake a ppoll
- * that watches it, but the next ppoll reports it (POLLNVAL): sleeping in
- * slices notices a closed cancel descriptor within one slice.
- */
-#define CANCEL_SLICE_NS 50000000
-
-/*
- * Sleeps until target_ns: 0, or a negative errno (-ECANCELED, -EBADF, or
- * what the sleep itself failed with).  Without a descriptor, clock_nanosleep
- * with TIMER_ABSTIME; with one, ppoll with the time left but at most
- * CANCEL_SLICE_NS, recomputed from the absolute target after every wake-up
- * so that neither signals nor slices shorten or lengthen the wait.
- */
-static int sleep_until(int64_t target_ns, int cancel_fd)
-{
-	struct timespec target = timespec_of(target_ns);
-	for (;;) {
-		if (cancel_fd < 0) {
-			int err = clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &target, NULL);
-			if (err == EINTR)
-				continue;
-			return -err;
-		}
-		struct timespec now, left;
-		clock_gettime(CLOCK_MONOTONIC, &now);
-		if (!timespeccmp(&now, &target, <))
-			return 0;
-		timespecsub(&target, &now, &left);
-		if (left.tv_sec > 0 || left.tv_nsec > CANCEL_SLICE_NS)
-			left = timespec_of(CANCEL_SLICE_NS);
-		struct pollfd pfd = { .fd = cancel_fd, .events = POLLIN };
-		int ready = ppoll(&pfd, 1, &left, NULL);
-		if (ready == 0 || (ready < 0 && errno == EINTR))
-			continue;
-		if (ready < 0)
-			return -errno;
-		return (pfd.revents & POLLNVAL) ? -EBADF : -ECANCELED;
-	}
 }
 
 /* A wait that fails takes nothing: the whole reservation goes back, even
@@ -108,7 +43,7 @@ static int sleep_until_covered(struct tokenbucket *tb, struct tokenbucket_reserv
 			       int64_t deadline, int cancel_fd)
 {
 	for (;;) {
-		int err = sleep_until(r->time_to_act, cancel_fd);
+		int err = tb__sleep_until(r->time_to_act, cancel_fd);
 		if (err)
 			return give_back(tb, r, err);
 		struct tb__view v;
@@ -133,13 +68,9 @@ int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline, int c
 		return -EINVAL;
 	if (n > tokenbucket_burst(tb) && !tb__unlimited(tb))
 		return -E2BIG;
-	if (cancel_fd != -1) {
-		if (cancel_fd < 0 || fcntl(cancel_fd, F_GETFD) == -1)
-			return -EBADF;
-		int cancel = cancel_requested(cancel_fd);
-		if (cancel)
-			return cancel < 0 ? cancel : -ECANCELED;
-	}
+	int cancel = tb__cancel_check(cancel_fd);
+	if (cancel != 0)
+		return cancel;
 	int64_t now = tb__now();
 	/* TOKENBUCKET_NEVER - 1 as the limit: a wait that never ends is refused. */
 	int64_t max_wait = deadline == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER - 1

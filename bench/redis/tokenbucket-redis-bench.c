@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe]
+ * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe|async|piped]
  *
  * Allow calls on one hot key (KEYS 1) or on random keys out of KEYS, with
  * INFLIGHT of them outstanding, for SECONDS.  By default INFLIGHT threads
@@ -8,7 +8,10 @@
  * tokenbucket_redis_allow; with "pipe" one thread keeps INFLIGHT calls
  * outstanding on one TCP connection (URL redis://HOST:PORT) through
  * tokenbucket_redis_format and tokenbucket_redis_parse, as an event loop
- * would.  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
+ * would; with "async" one thread keeps INFLIGHT calls outstanding through
+ * the asynchronous client on a libevent loop; with "piped" the threads
+ * block as by default, their calls pipelined on one connection
+ * (tokenbucket_redis_set_pipelining).  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
  * client from those seeds instead (threads only).  Prints "decisions/s
  * p50_us p99_us errors".
  */
@@ -24,6 +27,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
+#include <tokenbucket-redis-libevent.h>
 #include <tokenbucket-redis.h>
 
 #define SAMPLES 400000
@@ -148,10 +154,82 @@ static int pipelined(const char *url, int inflight, struct worker *w)
 	return 0;
 }
 
+/* ---- The asynchronous client: INFLIGHT calls kept outstanding on one loop ---- */
+
+struct async_run {
+	struct tokenbucket_redis_async *a;
+	struct worker *w;
+	int outstanding;
+	char key[32];
+};
+
+struct async_slot {
+	struct async_run *run;
+	int64_t t0;
+};
+
+static void async_done(void *arg, int err, const struct tokenbucket_result *res,
+		       const struct tokenbucket_reservation *rv, double tokens);
+
+static void async_next(struct async_slot *s)
+{
+	struct async_run *run = s->run;
+	struct worker *w = run->w;
+	int len = snprintf(run->key, sizeof(run->key), "bench:%llu",
+			   (unsigned long long)next_key(&w->seed, w->keys));
+	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = run->key,
+					       .keylen = (size_t)len, .limit = limit, .n = 1 };
+	s->t0 = tokenbucket_now();
+	if (tokenbucket_redis_async_start(run->a, &call, async_done, s) == 0)
+		run->outstanding++;
+	else
+		w->errors++;
+}
+
+static void async_done(void *arg, int err, const struct tokenbucket_result *res,
+		       const struct tokenbucket_reservation *rv, double tokens)
+{
+	struct async_slot *s = arg;
+	struct worker *w = s->run->w;
+	(void)res;
+	(void)rv;
+	(void)tokens;
+	int64_t t1 = tokenbucket_now();
+	s->run->outstanding--;
+	w->calls++;
+	w->errors += err != 0;
+	if (w->nsamples < SAMPLES)
+		w->samples[w->nsamples++] = t1 - s->t0;
+	if (t1 < w->until)
+		async_next(s);
+}
+
+static int async_loop(struct tokenbucket_redis *r, int inflight, struct worker *w)
+{
+	struct event_base *base = event_base_new();
+	struct async_run run = { .w = w };
+	if (base == NULL || tokenbucket_redis_libevent_open(&run.a, r, base) != 0)
+		return -1;
+	struct async_slot *slots = calloc((size_t)inflight, sizeof(*slots));
+	for (int i = 0; i < inflight; i++) {
+		slots[i].run = &run;
+		async_next(&slots[i]);
+	}
+	while (run.outstanding > 0)
+		event_base_loop(base, EVLOOP_ONCE);
+	tokenbucket_redis_async_close(run.a);
+	event_base_free(base);
+	free(slots);
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
-	if (argc != 5 && !(argc == 6 && strcmp(argv[5], "pipe") == 0)) {
-		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe]\n", argv[0]);
+	bool piped = argc == 6 && strcmp(argv[5], "piped") == 0;
+	if (piped)
+		argc = 5; /* the threads' run, pipelined */
+	if (argc != 5 && !(argc == 6 && (strcmp(argv[5], "pipe") == 0 || strcmp(argv[5], "async") == 0))) {
+		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe|async|piped]\n", argv[0]);
 		return 2;
 	}
 	int inflight = atoi(argv[2]);
@@ -174,6 +252,8 @@ int main(int argc, char **argv)
 	} else if (tokenbucket_redis_open(&r, argv[1], 1000000000, 1000000000) != 0) {
 		return 1;
 	}
+	if (piped && tokenbucket_redis_set_pipelining(r, 1) != 0)
+		return 1;
 	struct worker *w = calloc((size_t)inflight, sizeof(*w));
 	pthread_t *t = calloc((size_t)inflight, sizeof(*t));
 	int64_t start = tokenbucket_now();
@@ -181,7 +261,9 @@ int main(int argc, char **argv)
 		/* One worker record holds the pipelined run's counts and samples. */
 		w[0] = (struct worker){ .keys = keys, .seed = 1, .until = start + (int64_t)(seconds * 1e9),
 					.samples = malloc(SAMPLES * sizeof(int64_t)) };
-		if (pipelined(argv[1], inflight, &w[0]) != 0) {
+		int err = strcmp(argv[5], "pipe") == 0 ? pipelined(argv[1], inflight, &w[0])
+						       : async_loop(r, inflight, &w[0]);
+		if (err != 0) {
 			fprintf(stderr, "pipelined run failed\n");
 			return 1;
 		}

@@ -1,37 +1,22 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Clients: the URL, a pool of blocking hiredis connections, the round trip
- * with its NOSCRIPT retry, and the local fallback.
- *
- * Thread safety: a call takes an idle connection from the pool (or opens
- * one), uses it alone, and puts it back; the pool's mutex is held only to
- * pop and push.  So N threads use up to N connections at once and never
- * wait for each other's round trips.
+ * Clients: one server (its pool, pool.c) or a cluster (cluster.c), the
+ * round trip with its NOSCRIPT retry, the key prefix, and the local
+ * fallback.  Any number of threads may call at once.
  */
 #include <errno.h>
-#include <limits.h>
 #include <math.h>
-#include <poll.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 
-#include "internal.h"
+#include "async.h"
+#include "bridge.h"
+#include "cluster.h"
+#include "fallback.h"
 #include "slots.h"
 
-/* Idle connections kept beyond this (per server) are closed. */
-#define TBR__IDLE_MAX 64
-/* Local fallback buckets: one per slot, a key hashing into a taken slot replaces it. */
-#define TBR__FALLBACK_SLOTS 256
-
-struct tbr__local {
-	char *key;
-	size_t keylen;
-	struct tokenbucket_redis_limit limit;
-	struct tokenbucket *tb;
-};
 
 struct tokenbucket_redis {
 	struct tbr__node node;        /* one server: its address and pool */
@@ -40,102 +25,13 @@ struct tokenbucket_redis {
 	int64_t command_ns;
 	char *prefix;
 	size_t prefixlen;
-	double share;
-	pthread_mutex_t fallback_lock;
-	struct tbr__local *local; /* TBR__FALLBACK_SLOTS, allocated on first use */
+	struct tbr__fallback fallback;
+	struct tbr__bridge *bridge; /* calls pipelined by an I/O thread, or NULL */
 };
-
-static struct timeval tv_of(int64_t ns)
-{
-	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
-}
 
 static int64_t ns_or_default(int64_t ns)
 {
 	return ns <= 0 ? 1000000000 : ns;
-}
-
-static int parse_db(const char *s, int *db)
-{
-	char *end;
-	errno = 0;
-	long v = strtol(s, &end, 10);
-	if (errno != 0 || end == s || *end != '\0' || v < 0 || v > INT_MAX)
-		return -EINVAL;
-	*db = (int)v;
-	return 0;
-}
-
-int tbr__node_parse(struct tbr__node *r, const char *url)
-{
-	r->port = 6379;
-	if (url[0] == '/' || strncmp(url, "unix:", 5) == 0) {
-		const char *p = url[0] == '/' ? url : url + 5;
-		while (p[0] == '/' && p[1] == '/')
-			p++; /* unix:///path */
-		if (p[0] != '/')
-			return -EINVAL;
-		r->path = strdup(p);
-		if (r->path == NULL)
-			return -ENOMEM;
-		char *q = strstr(r->path, "?db=");
-		if (q != NULL) {
-			*q = '\0';
-			return parse_db(q + 4, &r->db);
-		}
-		return 0;
-	}
-	if (strncmp(url, "redis://", 8) != 0)
-		return -EINVAL;
-	const char *h = url + 8;
-	size_t hl = strcspn(h, ":/");
-	if (hl == 0)
-		return -EINVAL;
-	r->host = strndup(h, hl);
-	if (r->host == NULL)
-		return -ENOMEM;
-	const char *p = h + hl;
-	if (*p == ':') {
-		char *end;
-		errno = 0;
-		long port = strtol(p + 1, &end, 10);
-		if (errno != 0 || end == p + 1 || port <= 0 || port > 65535 || (*end != '\0' && *end != '/'))
-			return -EINVAL;
-		r->port = (int)port;
-		p = end;
-	}
-	if (*p == '/' && p[1] != '\0')
-		return parse_db(p + 1, &r->db);
-	return *p == '\0' || (p[0] == '/' && p[1] == '\0') ? 0 : -EINVAL;
-}
-
-void tbr__node_init(struct tbr__node *n)
-{
-	memset(n, 0, sizeof(*n));
-	pthread_mutex_init(&n->lock, NULL);
-}
-
-void tbr__node_flush(struct tbr__node *n)
-{
-	pthread_mutex_lock(&n->lock);
-	struct tbr__conn *c = n->idle;
-	n->idle = NULL;
-	n->nidle = 0;
-	pthread_mutex_unlock(&n->lock);
-	while (c != NULL) {
-		struct tbr__conn *next = c->next;
-		tbr__conn_drop(c);
-		c = next;
-	}
-}
-
-void tbr__node_fini(struct tbr__node *n)
-{
-	tbr__node_flush(n);
-	pthread_mutex_destroy(&n->lock);
-	free(n->host);
-	free(n->path);
-	n->host = n->path = NULL;
 }
 
 /* A client with its timeouts and no server yet; NULL when out of memory. */
@@ -145,8 +41,8 @@ static struct tokenbucket_redis *client_new(int64_t connect_timeout_ns, int64_t 
 	if (r == NULL)
 		return NULL;
 	tbr__node_init(&r->node);
-	pthread_mutex_init(&r->fallback_lock, NULL);
-	r->connect_tv = tv_of(ns_or_default(connect_timeout_ns));
+	tbr__fallback_init(&r->fallback);
+	r->connect_tv = tbr__tv_of(ns_or_default(connect_timeout_ns));
 	r->command_ns = ns_or_default(command_timeout_ns);
 	return r;
 }
@@ -190,16 +86,10 @@ void tokenbucket_redis_close(struct tokenbucket_redis *r)
 {
 	if (r == NULL)
 		return;
+	tbr__bridge_close(r->bridge);
 	tbr__node_fini(&r->node);
 	tbr__cluster_close(r->cluster);
-	if (r->local != NULL) {
-		for (int i = 0; i < TBR__FALLBACK_SLOTS; i++) {
-			free(r->local[i].key);
-			tokenbucket_free(r->local[i].tb);
-		}
-		free(r->local);
-	}
-	pthread_mutex_destroy(&r->fallback_lock);
+	tbr__fallback_fini(&r->fallback);
 	free(r->prefix);
 	free(r);
 }
@@ -225,202 +115,55 @@ int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share)
 {
 	if (r == NULL || isnan(share) || share < 0 || share > 1)
 		return -EINVAL;
-	r->share = share;
+	r->fallback.share = share;
 	return 0;
 }
-
-/* ---- Connections --------------------------------------------------------- */
 
 /*
- * hiredis writes with write(2): a peer that went away would raise SIGPIPE
- * and kill the process.  The library blocks it in the calling thread around
- * its own I/O and discards one it caused, leaving the process's handlers
- * alone.
+ * One round trip; a lost script cache is refilled by sending the text once.
+ * A call that could not be written to a pooled connection never ran: it is
+ * sent again on a new one.
  */
-struct tbr__sigpipe {
-	sigset_t old;
-	bool pending_before;
-};
-
-static void sigpipe_block(struct tbr__sigpipe *s)
-{
-	sigset_t pipe, pending;
-	sigemptyset(&pipe);
-	sigaddset(&pipe, SIGPIPE);
-	sigpending(&pending);
-	s->pending_before = sigismember(&pending, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
-}
-
-static void sigpipe_restore(struct tbr__sigpipe *s)
-{
-	sigset_t pipe, pending;
-	sigemptyset(&pipe);
-	sigaddset(&pipe, SIGPIPE);
-	sigpending(&pending);
-	if (!s->pending_before && sigismember(&pending, SIGPIPE)) {
-		struct timespec zero = { 0, 0 };
-		int saved = errno;
-		sigtimedwait(&pipe, NULL, &zero);
-		errno = saved;
-	}
-	pthread_sigmask(SIG_SETMASK, &s->old, NULL);
-}
-
-int tbr__conn_error(const redisContext *c, int saved_errno)
-{
-	if (c == NULL)
-		return -ENOMEM;
-	switch (c->err) {
-	case REDIS_ERR_EOF:
-		return -ECONNRESET;
-	case REDIS_ERR_OOM:
-		return -ENOMEM;
-	case REDIS_ERR_PROTOCOL:
-		return -EPROTO;
-	case REDIS_ERR_IO:
-		if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
-		    saved_errno == EINPROGRESS)
-			return -ETIME; /* no answer within the timeout */
-		return saved_errno > 0 ? -saved_errno : -ECONNRESET;
-	default:
-		/* hiredis 0.14 reports a connect timeout as "other" with no errno. */
-		if (strstr(c->errstr, "timed out") != NULL)
-			return -ETIME;
-		return saved_errno > 0 ? -saved_errno : -ECONNREFUSED;
-	}
-}
-
-void tbr__conn_drop(struct tbr__conn *c)
-{
-	if (c == NULL)
-		return;
-	redisFree(c->c);
-	free(c);
-}
-
-int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
-{
-	if (c->timeout_ns == ns)
-		return 0;
-	if (redisSetTimeout(c->c, tv_of(ns)) != REDIS_OK)
-		return tbr__conn_error(c->c, errno);
-	c->timeout_ns = ns;
-	return 0;
-}
-
-/* An idle connection with bytes or EOF waiting: its server closed it, or a reply nobody reads. */
-static bool conn_spoiled(const struct tbr__conn *c)
-{
-	struct pollfd p = { .fd = c->c->fd, .events = POLLIN };
-	return poll(&p, 1, 0) != 0;
-}
-
-int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns, bool check,
-		  struct tbr__conn **out)
-{
-	for (;;) {
-		pthread_mutex_lock(&n->lock);
-		struct tbr__conn *c = n->idle;
-		if (c != NULL) {
-			n->idle = c->next;
-			n->nidle--;
-		}
-		pthread_mutex_unlock(&n->lock);
-		if (c == NULL)
-			break;
-		if (check && conn_spoiled(c)) {
-			tbr__conn_drop(c);
-			continue;
-		}
-		int err = tbr__conn_timeout(c, timeout_ns);
-		if (err != 0) {
-			tbr__conn_drop(c);
-			return err;
-		}
-		*out = c;
-		return 0;
-	}
-	struct tbr__conn *c = calloc(1, sizeof(*c));
-	if (c == NULL)
-		return -ENOMEM;
-	errno = 0;
-	if (n->path != NULL)
-		c->c = redisConnectUnixWithTimeout(n->path, connect_tv);
-	else
-		c->c = redisConnectWithTimeout(n->host, n->port, connect_tv);
-	int saved = errno;
-	if (c->c == NULL || c->c->err) {
-		int err = tbr__conn_error(c->c, saved);
-		tbr__conn_drop(c);
-		return err;
-	}
-	int err = tbr__conn_timeout(c, timeout_ns);
-	if (err != 0) {
-		tbr__conn_drop(c);
-		return err;
-	}
-	if (n->db != 0) {
-		errno = 0;
-		redisReply *rep = redisCommand(c->c, "SELECT %d", n->db);
-		saved = errno;
-		err = rep == NULL ? tbr__conn_error(c->c, saved)
-		      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
-		if (rep != NULL)
-			freeReplyObject(rep);
-		if (err != 0) {
-			tbr__conn_drop(c);
-			return err;
-		}
-	}
-	*out = c;
-	return 0;
-}
-
-void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
-{
-	pthread_mutex_lock(&n->lock);
-	if (n->nidle < TBR__IDLE_MAX) {
-		c->next = n->idle;
-		n->idle = c;
-		n->nidle++;
-		c = NULL;
-	}
-	pthread_mutex_unlock(&n->lock);
-	tbr__conn_drop(c);
-}
-
-/* One round trip; a lost script cache is refilled by sending the text once. */
 static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 		    struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 		    double *tokens)
 {
-	struct tbr__conn *c = NULL;
-	int err = tbr__conn_get(&r->node, r->connect_tv, r->command_ns, false, &c);
-	if (err != 0)
-		return err;
+	bool demoted = false;
 	for (;;) {
-		struct tbr__args a;
-		err = tbr__args(call, &a);
+		struct tbr__conn *c = NULL;
+		bool reused;
+		int err = tbr__conn_get(&r->node, r->connect_tv, r->command_ns, &c, &reused);
 		if (err != 0)
-			break;
-		errno = 0;
-		redisReply *rep = redisCommandArgv(c->c, TBR__ARGC, a.argv, a.len);
-		int saved = errno;
-		if (rep == NULL) {
+			return err;
+		redisReply *rep;
+		bool unsent;
+		err = tbr__conn_call(c, call, false, &rep, &unsent);
+		if (err != 0) {
 			/* The reply may still come: the connection cannot be reused. */
-			err = tbr__conn_error(c->c, saved);
 			tbr__conn_drop(c);
+			if (unsent && reused) {
+				tbr__node_flush(&r->node); /* its siblings are likely gone too */
+				continue;
+			}
 			return err;
 		}
+		tbr__conn_put(&r->node, c);
 		err = tbr__decode(call, rep, res, rv, tokens);
 		freeReplyObject(rep);
+		if (err == -EROFS && r->node.sentinel != NULL && !demoted) {
+			/*
+			 * A primary demoted after a failover (READONLY: the call did
+			 * not run): its pooled connections go, and a new one goes
+			 * where the sentinels say the primary is now.
+			 */
+			demoted = true;
+			tbr__node_flush(&r->node);
+			continue;
+		}
 		if (err != -ENOEXEC || (call->flags & TOKENBUCKET_REDIS_EVAL))
-			break;
+			return err;
 		call->flags |= TOKENBUCKET_REDIS_EVAL;
 	}
-	tbr__conn_put(&r->node, c);
-	return err;
 }
 
 /* One decision on the server or the cluster, with SIGPIPE kept from the process. */
@@ -429,116 +172,19 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 		      double *tokens)
 {
 	struct tbr__sigpipe sp;
-	sigpipe_block(&sp);
-	int err = r->cluster != NULL ? tbr__cluster_exchange(r->cluster, call, res, rv, tokens)
-				     : exchange(r, call, res, rv, tokens);
-	sigpipe_restore(&sp);
+	tbr__sigpipe_block(&sp);
+	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
+	bool down_returns = tbr__fallback_down_returns(&r->fallback, call);
+	/* In a fork()ed child the I/O thread is gone: calls take the pool again. */
+	int err = r->bridge != NULL && tbr__bridge_here(r->bridge)
+		? tbr__bridge_call(r->bridge, call, res, rv, tokens)
+		  : r->cluster != NULL
+		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
+		: exchange(r, call, res, rv, tokens);
+	tbr__sigpipe_restore(&sp);
 	return err;
 }
 
-/* ---- The local fallback -------------------------------------------------- */
-
-/* Errors after which Redis may answer again later; the fallback covers these. */
-static bool unavailable(int err)
-{
-	switch (-err) {
-	case ETIME: case ECONNREFUSED: case ECONNRESET: case ECONNABORTED: case EPIPE:
-	case ENOENT: case EHOSTUNREACH: case ENETUNREACH: case ENOTCONN: case EROFS:
-	case EBUSY: case EAGAIN: case ENOMEM:
-		return true;
-	default:
-		return false;
-	}
-}
-
-static uint64_t hash(const char *s, size_t len)
-{
-	uint64_t h = 1469598103934665603u; /* FNV-1a */
-	for (size_t i = 0; i < len; i++)
-		h = (h ^ (unsigned char)s[i]) * 1099511628211u;
-	return h;
-}
-
-static struct tbr__local *local_slot(struct tokenbucket_redis *r, const char *key, size_t len)
-{
-	return &r->local[hash(key, len) % TBR__FALLBACK_SLOTS];
-}
-
-/* The key's local bucket, made (or remade, if its limit changed) with share of the limit. */
-static struct tokenbucket *local_bucket(struct tokenbucket_redis *r, const char *key, size_t len,
-					const struct tokenbucket_redis_limit *lim)
-{
-	if (r->local == NULL) {
-		r->local = calloc(TBR__FALLBACK_SLOTS, sizeof(*r->local));
-		if (r->local == NULL)
-			return NULL;
-	}
-	struct tbr__local *s = local_slot(r, key, len);
-	if (s->tb != NULL && s->keylen == len && memcmp(s->key, key, len) == 0 &&
-	    memcmp(&s->limit, lim, sizeof(*lim)) == 0)
-		return s->tb;
-	char *copy = malloc(len + 1);
-	if (copy == NULL)
-		return NULL;
-	memcpy(copy, key, len);
-	/* share of the rate: the same tokens over a period longer by 1 / share. */
-	double period = ceil((double)lim->period_ns / r->share);
-	int64_t p = period >= 0x1p63 ? INT64_MAX : (int64_t)period;
-	struct tokenbucket *tb = NULL;
-	if (tokenbucket_create_every(&tb, lim->tokens, lim->tokens > 0 ? p : 1,
-				     (uint64_t)floor((double)lim->burst * r->share), 0) != 0) {
-		free(copy);
-		return NULL;
-	}
-	free(s->key);
-	tokenbucket_free(s->tb);
-	*s = (struct tbr__local){ .key = copy, .keylen = len, .limit = *lim, .tb = tb };
-	return tb;
-}
-
-static void local_result(struct tokenbucket *tb, bool allowed, int64_t retry,
-			 struct tokenbucket_result *res)
-{
-	if (res == NULL)
-		return;
-	double level = tokenbucket_tokens(tb);
-	uint64_t burst = tokenbucket_burst(tb);
-	*res = (struct tokenbucket_result){
-		.allowed = allowed,
-		.flags = TOKENBUCKET_RESULT_LOCAL,
-		.limit = burst,
-		.remaining = level >= 1 ? (uint64_t)level : 0,
-		.retry_after_ns = retry,
-		.reset_after_ns = level >= (double)burst
-			? 0 : tokenbucket_duration_for(tb, burst - (uint64_t)(level > 0 ? level : 0)),
-	};
-}
-
-/* allow and reserve by the local bucket; 1 if it could not decide either. */
-static int fallback(struct tokenbucket_redis *r, const struct tokenbucket_redis_call *call,
-		    struct tokenbucket_result *res, struct tokenbucket_reservation *rv)
-{
-	pthread_mutex_lock(&r->fallback_lock);
-	struct tokenbucket *tb = local_bucket(r, call->key, call->keylen, &call->limit);
-	int err = 1;
-	if (tb != NULL && call->op == TOKENBUCKET_REDIS_ALLOW) {
-		bool ok = tokenbucket_allow(tb, call->n);
-		local_result(tb, ok, ok ? 0 : tokenbucket_duration_for(tb, call->n), res);
-		err = 0;
-	} else if (tb != NULL) {
-		struct tokenbucket_reservation v;
-		err = tokenbucket_reserve(tb, call->n, call->arg, &v);
-		int64_t delay = err == 0 ? tokenbucket_reservation_delay(&v, tokenbucket_now())
-				       : TOKENBUCKET_NEVER;
-		local_result(tb, err == 0, delay, res);
-		if (err == 0 && rv != NULL) {
-			*rv = v;
-			rv->reserved = 1; /* cancel goes to the local bucket */
-		}
-	}
-	pthread_mutex_unlock(&r->fallback_lock);
-	return err;
-}
 
 /* ---- The calls ----------------------------------------------------------- */
 
@@ -564,13 +210,7 @@ static int run(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 		memcpy(full + r->prefixlen, call->key, call->keylen);
 	call->key = full;
 	call->keylen = len;
-	int err = round_trip(r, call, res, rv, tokens);
-	if (unavailable(err) && r->share > 0 &&
-	    (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE)) {
-		int local = fallback(r, call, res, rv);
-		if (local != 1)
-			err = local;
-	}
+	int err = tbr__fallback_apply(&r->fallback, call, round_trip(r, call, res, rv, tokens), res, rv);
 	if (full != stack)
 		free(full);
 	return err;
@@ -635,20 +275,12 @@ static int cancel(struct tokenbucket_redis *r, const void *key, size_t keylen,
 		return -EINVAL;
 	if (rv->reserved == 1) {
 		/* A reservation the local fallback made goes back to its bucket. */
-		size_t len = r->prefixlen + keylen;
-		char *full = malloc(len + 1);
-		if (full == NULL)
-			return -ENOMEM;
-		if (r->prefixlen > 0)
-			memcpy(full, r->prefix, r->prefixlen);
-		if (keylen > 0)
-			memcpy(full + r->prefixlen, key, keylen);
-		pthread_mutex_lock(&r->fallback_lock);
-		struct tbr__local *s = r->local == NULL ? NULL : local_slot(r, full, len);
-		if (s != NULL && s->tb != NULL && s->keylen == len && memcmp(s->key, full, len) == 0)
-			tokenbucket_cancel(s->tb, rv);
-		rv->tokens = 0;
-		pthread_mutex_unlock(&r->fallback_lock);
+		char *full;
+		size_t len;
+		int err = tbr__key_join(r->prefix, r->prefixlen, key, keylen, &full, &len);
+		if (err != 0)
+			return err;
+		tbr__fallback_cancel(&r->fallback, full, len, rv);
 		free(full);
 		return 0;
 	}
@@ -711,6 +343,44 @@ int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t
 		return -EINVAL;
 	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_RESET, false, 0, tokens, 0);
 	return run(r, &call, NULL, NULL, NULL);
+}
+
+/* An engine on r's server or cluster, with r's timeout and fallback, and prefix if with_prefix. */
+static struct tbr__async_config engine_config(struct tokenbucket_redis *r, bool with_prefix)
+{
+	return (struct tbr__async_config){
+		.node = r->cluster != NULL ? NULL : &r->node,
+		.cluster = r->cluster,
+		.timeout_ns = r->command_ns,
+		.prefix = with_prefix ? r->prefix : NULL,
+		.prefixlen = with_prefix ? r->prefixlen : 0,
+		.fallback = &r->fallback,
+	};
+}
+
+int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tokenbucket_redis *r,
+				 const struct tokenbucket_redis_loop *loop)
+{
+	if (r == NULL)
+		return -EINVAL;
+	const struct tbr__async_config cfg = engine_config(r, true);
+	return tbr__async_open(ap, &cfg, loop);
+}
+
+int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable)
+{
+	if (r == NULL || (enable != 0 && enable != 1))
+		return -EINVAL;
+	if (!enable) {
+		tbr__bridge_close(r->bridge);
+		r->bridge = NULL;
+		return 0;
+	}
+	if (r->bridge != NULL)
+		return 0;
+	/* run() puts the prefix on each key before the engine sees it. */
+	const struct tbr__async_config cfg = engine_config(r, false);
+	return tbr__bridge_open(&r->bridge, &cfg);
 }
 
 int tokenbucket_redis_slot(const struct tokenbucket_redis *r, const void *key, size_t keylen)

@@ -5,9 +5,9 @@
  * CLUSTERDOWN) followed within the call's time.
  *
  * A call is repeated only when it certainly did not run: its connection
- * could not be made, or the node answered with an error that says it did
- * not run the script (a redirection, NOSCRIPT, TRYAGAIN, CLUSTERDOWN,
- * LOADING, MASTERDOWN).  A call whose reply was lost (reset, timeout) may
+ * could not be made, writing it failed, or the node answered with an error
+ * that says it did not run the script (a redirection, NOSCRIPT, TRYAGAIN,
+ * CLUSTERDOWN, LOADING, MASTERDOWN).  A call whose reply was lost (reset, timeout) may
  * have taken tokens and is never sent again: it returns that error.
  *
  * Concurrency: the map is an array of atomic node indices, read without a
@@ -21,7 +21,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "internal.h"
+#include "cluster.h"
 #include "slots.h"
 
 /* Nodes a client remembers (seeds and every address a map or redirect named). */
@@ -175,7 +175,7 @@ static int get(struct tbr__cluster *cl, struct tbr__node *n, int64_t left, struc
 		return -ETIME;
 	/* A first attempt keeps the full timeout set on its socket: no system call. */
 	int64_t io = left >= cl->timeout_ns - TBR__SLACK_NS ? cl->timeout_ns : left;
-	return tbr__conn_get(n, connect_within(cl, left), io, true, c);
+	return tbr__conn_get(n, connect_within(cl, left), io, c, NULL);
 }
 
 /* Replaces the map with what node n (index self) says; 0 or a negative errno. */
@@ -185,18 +185,25 @@ static int ask_map(struct tbr__cluster *cl, struct tbr__node *n, int64_t deadlin
 	int err = get(cl, n, deadline - tokenbucket_now(), &c);
 	if (err != 0)
 		return err;
-	errno = 0;
-	redisReply *rep = redisCommand(c->c, "CLUSTER SLOTS");
-	if (rep == NULL) {
-		err = tbr__conn_error(c->c, errno);
+	static const char *const slots[] = { "CLUSTER", "SLOTS" };
+	redisReply *rep;
+	err = tbr__conn_command(c, 2, slots, &rep);
+	if (err != 0) {
 		tbr__conn_drop(c);
 		return err;
 	}
 	tbr__conn_put(n, c);
+	err = tbr__cluster_map(cl, n, rep);
+	freeReplyObject(rep);
+	return err;
+}
+
+int tbr__cluster_map(struct tbr__cluster *cl, const struct tbr__node *n, const redisReply *rep)
+{
 	struct tbr__range *g = NULL;
 	size_t count = 0;
-	err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
-					     : tbr__slots_parse(rep, &g, &count);
+	int err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
+						 : tbr__slots_parse(rep, &g, &count);
 	uint16_t *owner = err == 0 ? malloc(TBR__SLOTS * sizeof(*owner)) : NULL;
 	if (err == 0 && owner == NULL)
 		err = -ENOMEM;
@@ -214,12 +221,13 @@ static int ask_map(struct tbr__cluster *cl, struct tbr__node *n, int64_t deadlin
 				owner[s] = index;
 		}
 	}
-	if (err == 0)
+	if (err == 0) {
 		for (unsigned s = 0; s < TBR__SLOTS; s++)
 			atomic_store_explicit(&cl->owner[s], owner[s], memory_order_relaxed);
+		atomic_store_explicit(&cl->stale, false, memory_order_relaxed);
+	}
 	free(owner);
 	free(g);
-	freeReplyObject(rep);
 	return err;
 }
 
@@ -263,8 +271,7 @@ static void refresh(struct tbr__cluster *cl, int64_t deadline)
 	pthread_mutex_unlock(&cl->refresh_lock);
 }
 
-/* The slot's primary, or any node (which redirects) while the map has none. */
-static struct tbr__node *route(struct tbr__cluster *cl, unsigned slot)
+struct tbr__node *tbr__cluster_route(struct tbr__cluster *cl, unsigned slot)
 {
 	uint16_t i = atomic_load_explicit(&cl->owner[slot], memory_order_relaxed);
 	unsigned n = atomic_load_explicit(&cl->nnodes, memory_order_acquire);
@@ -273,40 +280,50 @@ static struct tbr__node *route(struct tbr__cluster *cl, unsigned slot)
 	return cl->node[i];
 }
 
-/* The call, preceded by ASKING when asking; *rep the call's reply, or a connection error. */
-static int send_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,
-		     redisReply **rep)
-{
-	struct tbr__args a;
-	int err = tbr__args(call, &a);
-	if (err != 0)
-		return err;
-	*rep = NULL;
-	errno = 0;
-	if ((asking && redisAppendCommand(c->c, "ASKING") != REDIS_OK) ||
-	    redisAppendCommandArgv(c->c, TBR__ARGC, a.argv, a.len) != REDIS_OK)
-		return -ENOMEM;
-	void *r = NULL;
-	if (asking) {
-		if (redisGetReply(c->c, &r) != REDIS_OK)
-			return tbr__conn_error(c->c, errno);
-		freeReplyObject(r); /* +OK; an error here shows in the call's own reply */
-	}
-	if (redisGetReply(c->c, &r) != REDIS_OK)
-		return tbr__conn_error(c->c, errno);
-	*rep = r;
-	return 0;
-}
-
 static bool starts(const redisReply *rep, const char *prefix)
 {
 	size_t n = strlen(prefix);
 	return rep->len >= n && memcmp(rep->str, prefix, n) == 0;
 }
 
+int tbr__cluster_redirect(struct tbr__cluster *cl, const struct tbr__node *from,
+			  const redisReply *rep, struct tbr__node **to, bool *ask)
+{
+	struct tbr__redirect rd;
+	if (!(starts(rep, "MOVED ") || starts(rep, "ASK ")) ||
+	    tbr__redirect_parse(rep->str, rep->len, &rd) != 0)
+		return 1;
+	/* An empty host: the host of the node that answered (Redis 7). */
+	uint16_t index;
+	*to = rd.hostlen > 0 ? intern(cl, rd.host, rd.hostlen, rd.port, &index)
+			     : intern(cl, from->host, strlen(from->host), rd.port, &index);
+	*ask = rd.ask;
+	if (*to != NULL && !rd.ask) {
+		/* This slot at once; the rest of the map on the next call. */
+		atomic_store_explicit(&cl->owner[rd.slot], index, memory_order_relaxed);
+		atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
+	}
+	return *to == NULL ? intern_error(cl) : 0;
+}
+
+bool tbr__cluster_stale(struct tbr__cluster *cl)
+{
+	return atomic_load_explicit(&cl->stale, memory_order_relaxed);
+}
+
+void tbr__cluster_set_stale(struct tbr__cluster *cl)
+{
+	atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
+}
+
+int64_t tbr__cluster_timeout(const struct tbr__cluster *cl)
+{
+	return cl->timeout_ns;
+}
+
 int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call *call,
 			  struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
-			  double *tokens)
+			  double *tokens, bool down_returns)
 {
 	struct tbr__args check;
 	int err = tbr__args(call, &check);
@@ -322,7 +339,7 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		int64_t left = deadline - tokenbucket_now();
 		if (left <= 0)
 			return err;
-		struct tbr__node *n = ask != NULL ? ask : route(cl, slot);
+		struct tbr__node *n = ask != NULL ? ask : tbr__cluster_route(cl, slot);
 		struct tbr__conn *c;
 		int got = get(cl, n, left, &c);
 		if (got != 0) {
@@ -336,14 +353,18 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			continue;
 		}
 		redisReply *rep;
-		err = send_call(c, call, ask != NULL, &rep);
+		bool unsent;
+		err = tbr__conn_call(c, call, ask != NULL, &rep, &unsent);
 		if (err != 0) {
-			/* The call may have run: it is not sent again.  Its siblings may be dead too. */
+			/* Its siblings may be dead too. */
 			tbr__conn_drop(c);
 			failed(n);
 			tbr__node_flush(n);
 			atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
-			return err;
+			if (!unsent)
+				return err; /* the call may have run: it is not sent again */
+			ask = NULL;
+			continue;
 		}
 		tbr__conn_put(n, c);
 		bool asking = ask != NULL;
@@ -353,27 +374,17 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			freeReplyObject(rep);
 			return err;
 		}
-		struct tbr__redirect rd;
-		uint16_t index;
+		struct tbr__node *to;
+		bool rd_ask;
 		if (starts(rep, "NOSCRIPT") && !(call->flags & TOKENBUCKET_REDIS_EVAL)) {
 			/* This node has not seen the script: the text, to the same node. */
 			call->flags |= TOKENBUCKET_REDIS_EVAL;
 			ask = asking ? n : NULL;
 			err = -ETIME;
-		} else if ((starts(rep, "MOVED ") || starts(rep, "ASK ")) &&
-			   tbr__redirect_parse(rep->str, rep->len, &rd) == 0) {
-			/* An empty host: the host of the node that answered (Redis 7). */
-			struct tbr__node *to = rd.hostlen > 0
-				? intern(cl, rd.host, rd.hostlen, rd.port, &index)
-				: intern(cl, n->host, strlen(n->host), rd.port, &index);
+		} else if (tbr__cluster_redirect(cl, n, rep, &to, &rd_ask) != 1) {
 			err = to == NULL ? intern_error(cl) : -ELOOP;
-			if (to != NULL && rd.ask) {
+			if (to != NULL && rd_ask)
 				ask = to;
-			} else if (to != NULL) {
-				/* This slot at once; the rest of the map on the next call. */
-				atomic_store_explicit(&cl->owner[rd.slot], index, memory_order_relaxed);
-				atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
-			}
 			if (to == NULL || ++redirects > TBR__REDIRECTS_MAX) {
 				freeReplyObject(rep);
 				return err;
@@ -384,6 +395,11 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			/* Not run; the cluster is moving a slot, electing, or loading. */
 			err = -EAGAIN;
 			atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
+			if (down_returns && starts(rep, "CLUSTERDOWN")) {
+				/* The caller has a fallback: it decides now, not after the timeout. */
+				freeReplyObject(rep);
+				return err;
+			}
 			pause_until(deadline);
 		} else {
 			err = tbr__decode(call, rep, res, rv, tokens);

@@ -172,8 +172,9 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 		break;
 	case TOKENBUCKET_REDIS_TOKENS:
 		if (tokens != NULL) {
-			/* As tokenbucket_tokens_at computes it: the fraction rounded once. */
-			double v = (double)level + (double)((long double)rem / (long double)q);
+			/* The expression tokenbucket_tokens_at evaluates, so the same bits:
+			 * level + rem/q in long double, rounded to double once. */
+			double v = (double)((long double)level + (long double)rem / (long double)q);
 			*tokens = v > (double)burst ? (double)burst : v;
 		}
 		break;

@@ -47,6 +47,26 @@ unsigned tbr__slot(const void *key, size_t len)
 }
 
 /* A port as Redis sends it: an integer from 1 to 65535. */
+int tbr__key_join(const char *prefix, size_t prefixlen, const void *key, size_t keylen,
+		  char **full, size_t *len)
+{
+	if (key == NULL && keylen > 0)
+		return -EINVAL;
+	size_t n = prefixlen + keylen;
+	if (n < keylen || n == SIZE_MAX)
+		return -EINVAL;
+	char *p = malloc(n + 1);
+	if (p == NULL)
+		return -ENOMEM;
+	if (prefixlen > 0)
+		memcpy(p, prefix, prefixlen);
+	if (keylen > 0)
+		memcpy(p + prefixlen, key, keylen);
+	*full = p;
+	*len = n;
+	return 0;
+}
+
 static bool read_port(const redisReply *e, int *port)
 {
 	if (e == NULL || e->type != REDIS_REPLY_INTEGER || e->integer < 1 || e->integer > 65535)

@@ -34,6 +34,13 @@ uint16_t tbr__crc16(const void *data, size_t len);
 /* The key's hash slot, 0 to 16383 ({hash tag} rules applied). */
 unsigned tbr__slot(const void *key, size_t len);
 /*
+ * prefix (prefixlen bytes) then key in a new buffer *full (free(); one
+ * byte more, unset) of *len bytes, as a call sends its key.  -EINVAL (key
+ * NULL with keylen > 0, a length that overflows), -ENOMEM.
+ */
+int tbr__key_join(const char *prefix, size_t prefixlen, const void *key, size_t keylen,
+		  char **full, size_t *len);
+/*
  * The ranges with a known primary in a CLUSTER SLOTS reply: 0 and *out
  * (free() it) of *n ranges.  -EPROTO: wrong types, a slot out of range,
  * start > end, overlapping ranges, missing fields, a bad port or host.

@@ -47,7 +47,15 @@ static int free_port(void)
 	return port;
 }
 
+/* A sentinel's configuration file (it rewrites it), or NULL for a server. */
+static int spawn_as(struct server *s, const char *const *extra, const char *conf);
+
 static int spawn(struct server *s, const char *const *extra)
+{
+	return spawn_as(s, extra, NULL);
+}
+
+static int spawn_as(struct server *s, const char *const *extra, const char *conf)
 {
 	char port[16];
 	snprintf(port, sizeof(port), "%d", s->port);
@@ -56,6 +64,19 @@ static int spawn(struct server *s, const char *const *extra)
 				 "--save", "", "--appendonly", "no", "--dir", s->dir,
 				 "--logfile", "redis.log", "--daemonize", "no" };
 	int argc = 19;
+	if (conf != NULL) {
+		/* redis-server FILE --sentinel --port ...: the file first; no persistence options. */
+		static const char *const sentinel[] = { "redis-server", NULL, "--sentinel", "--port",
+							NULL, "--bind", "127.0.0.1", "--unixsocket",
+							NULL, "--unixsocketperm", "700", "--dir", NULL,
+							"--logfile", "redis.log", "--daemonize", "no" };
+		argc = 17;
+		memcpy(argv, sentinel, sizeof(sentinel));
+		argv[1] = conf;
+		argv[4] = port;
+		argv[8] = s->sock;
+		argv[12] = s->dir;
+	}
 	for (int i = 0; extra != NULL && extra[i] != NULL && argc < 62; i++)
 		argv[argc++] = extra[i];
 	argv[argc] = NULL;
@@ -173,4 +194,25 @@ int server_cmd(const struct server *s, const char *fmt, ...)
 		freeReplyObject(r);
 	redisFree(c);
 	return type;
+}
+
+int server_start_sentinel(struct server *s, const char *conf_lines)
+{
+	memset(s, 0, sizeof(*s));
+	snprintf(s->dir, sizeof(s->dir), "%s/tbsentinel.XXXXXX",
+		 getenv("TMPDIR") != NULL && strlen(getenv("TMPDIR")) < 30 ? getenv("TMPDIR") : "/tmp");
+	if (mkdtemp(s->dir) == NULL)
+		return -1;
+	snprintf(s->sock, sizeof(s->sock), "%s/redis.sock", s->dir);
+	snprintf(s->url, sizeof(s->url), "unix:%s", s->sock);
+	s->port = free_port();
+	snprintf(s->tcp_url, sizeof(s->tcp_url), "redis://127.0.0.1:%d", s->port);
+	char conf[128];
+	snprintf(conf, sizeof(conf), "%s/sentinel.conf", s->dir);
+	FILE *f = fopen(conf, "w");
+	if (f == NULL || s->port < 0)
+		return -1;
+	fputs(conf_lines, f);
+	fclose(f);
+	return spawn_as(s, NULL, conf);
 }

@@ -29,6 +29,8 @@ int server_start(struct server *s, const char *const *extra);
 int server_start_port(struct server *s, int port, const char *const *extra);
 /* True when nothing is bound to the loopback port now. */
 bool server_port_free(int port);
+/* Starts a Sentinel (redis-server --sentinel) with conf_lines in its configuration; 0 or -1. */
+int server_start_sentinel(struct server *s, const char *conf_lines);
 /* Stops it (SIGKILL, waits) and removes its directory unless keep_dir. */
 void server_stop(struct server *s, bool keep_dir);
 /* Stops and starts it again on the same socket and port: an empty server. */

@@ -5,7 +5,8 @@
  * and stops by pid.  CK_RUN_SUITE picks one suite:
  *   cluster-diff         exactness over all three primaries, slots as Redis computes them
  *   cluster-reshard      a hot slot migrated while 8 threads hammer its keys
- *   cluster-failover     a manual CLUSTER FAILOVER, then a primary SIGKILLed, under load
+ *   cluster-failover     a manual CLUSTER FAILOVER, then a primary SIGKILLed, under load;
+ *                        the other primaries' keys when one dies, per coverage setting
  *   cluster-unreachable  nodes that refuse or do not answer: the documented errors in time
  * TOKENBUCKET_CLUSTER_SECONDS scales the load phases (default 1).
  */
@@ -55,6 +56,9 @@ static void start(int node_timeout_ms)
 {
 	ck_assert_msg(cluster_start(&cl, node_timeout_ms) == 0, "the cluster did not come up");
 	ck_assert_int_eq(tokenbucket_redis_open_cluster(&cc, cl.seeds, 1, SEC, TIMEOUT), 0);
+	/* The same suites with every thread's calls pipelined on one connection per node. */
+	if (getenv("TOKENBUCKET_REDIS_PIPELINING") != NULL)
+		ck_assert_int_eq(tokenbucket_redis_set_pipelining(cc, 1), 0);
 }
 
 static void setup_fast(void)
@@ -235,6 +239,7 @@ struct event {
 	int err;
 	short key;
 	bool granted;
+	bool local; /* decided by the fallback */
 };
 
 struct load {
@@ -271,6 +276,7 @@ static void *work(void *arg)
 		e->err = tokenbucket_redis_allow(cc, KEY(w->ld->key[k]), &w->ld->lim[k], 1, &res);
 		e->end = tokenbucket_now();
 		e->granted = e->err == 0 && res.allowed;
+		e->local = e->err == 0 && (res.flags & TOKENBUCKET_RESULT_LOCAL);
 	}
 	return NULL;
 }
@@ -609,6 +615,137 @@ START_TEST(test_failover)
 }
 END_TEST
 
+/* ---- A dead primary and the other primaries' keys ----------------------- */
+
+static int cmp_i64(const void *a, const void *b)
+{
+	int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+struct coverage {
+	long calls, errors, local;
+	int first_err;
+	int64_t gap;     /* the longest time between two successful answers after the kill */
+	int64_t longest; /* the longest call */
+};
+
+/*
+ * SIGKILL of primary under load on keys of the two other primaries (four
+ * each); what that did to those keys until the replica took over.
+ */
+static struct coverage kill_and_watch_others(int primary, const char *base)
+{
+	int p[CLUSTER_NODES], np = cluster_primaries(&cl, p);
+	ck_assert_int_eq(np, 3);
+	static char keys[KEYS][48];
+	struct load ld = { .nkeys = 0, .round_robin = false };
+	for (int i = 0; i < np; i++) {
+		if (p[i] == primary)
+			continue;
+		for (int k = 0; k < KEYS / 2; k++) {
+			char name[16];
+			snprintf(name, sizeof(name), "%s%d", base, k);
+			ck_assert_ptr_nonnull(cluster_key_on(&cl, p[i], name, keys[ld.nkeys], sizeof(keys[0])));
+			ld.key[ld.nkeys] = keys[ld.nkeys];
+			ld.lim[ld.nkeys] = (struct tokenbucket_redis_limit){ .tokens = 1000000, .period_ns = SEC,
+									   .burst = 1000000 };
+			ld.nkeys++;
+		}
+	}
+	load_start(&ld);
+	sleep_ns(load_ns() / 2);
+	int64_t kill_at = tokenbucket_now();
+	ck_assert_int_eq(kill(cl.node[primary].pid, SIGKILL), 0);
+	waitpid(cl.node[primary].pid, NULL, 0);
+	cl.node[primary].pid = 0;
+	ck_assert_msg(cluster_settle(&cl, (int64_t)(30 * SEC * multiplier()), false) == 0,
+		      "the cluster did not settle after the kill");
+	sleep_ns(load_ns() / 2);
+	load_stop(&ld);
+	struct coverage c = { 0 };
+	long n = 0;
+	for (int i = 0; i < THREADS; i++)
+		n += workers[i].n;
+	int64_t *ok = calloc((size_t)n + 2, sizeof(int64_t));
+	ck_assert_ptr_nonnull(ok);
+	long nok = 0;
+	ok[nok++] = kill_at;
+	int64_t last = kill_at;
+	for (int i = 0; i < THREADS; i++)
+		for (long j = 0; j < workers[i].n; j++) {
+			const struct event *e = &workers[i].ev[j];
+			if (e->end < kill_at)
+				continue;
+			c.calls++;
+			c.errors += e->err != 0;
+			c.local += e->local;
+			if (e->err != 0 && c.first_err == 0)
+				c.first_err = e->err;
+			c.longest = e->end - e->start > c.longest ? e->end - e->start : c.longest;
+			last = e->end > last ? e->end : last;
+			if (e->err == 0)
+				ok[nok++] = e->end;
+		}
+	ok[nok++] = last;
+	qsort(ok, (size_t)nok, sizeof(int64_t), cmp_i64);
+	for (long i = 1; i < nok; i++)
+		c.gap = ok[i] - ok[i - 1] > c.gap ? ok[i] - ok[i - 1] : c.gap;
+	free(ok);
+	load_free();
+	return c;
+}
+
+static void print_coverage(const char *setting, const struct coverage *c)
+{
+	printf("cluster coverage (%s): other primaries' keys after the kill: %ld calls, %ld failed "
+	       "(first error %d), %ld decided locally, longest gap without an answer %.0f ms, "
+	       "longest call %.1f ms\n",
+	       setting, c->calls, c->errors, c->first_err, c->local, (double)c->gap / 1e6,
+	       (double)c->longest / 1e6);
+}
+
+static void set_full_coverage(const char *value)
+{
+	for (int i = 0; i < CLUSTER_NODES; i++)
+		if (cluster_alive(&cl, i))
+			on_ok(i, "CONFIG SET %s %s", "cluster-require-full-coverage", value);
+}
+
+/*
+ * One cluster, three kills, one a primary each: under full coverage (the
+ * default) the other keys are refused while the dead primary's slots have
+ * no owner; without it they are served throughout; under full coverage
+ * with a fallback they are decided locally meanwhile.
+ */
+START_TEST(test_coverage)
+{
+	int p[CLUSTER_NODES];
+	ck_assert_int_eq(cluster_primaries(&cl, p), 3);
+
+	set_full_coverage("yes");
+	struct coverage yes = kill_and_watch_others(p[0], "cy");
+	print_coverage("require-full-coverage yes", &yes);
+	/* Refused (CLUSTERDOWN, tried again until the timeout), each within it. */
+	ck_assert_msg(yes.errors == 0 || yes.first_err == -EAGAIN, "first error %d", yes.first_err);
+	ck_assert_int_le(yes.longest, TIMEOUT + late_ns());
+
+	set_full_coverage("no");
+	struct coverage no = kill_and_watch_others(p[1], "cn");
+	print_coverage("require-full-coverage no", &no);
+	/* Served throughout: no call on another primary's key fails. */
+	ck_assert_msg(no.errors == 0, "%ld calls failed (first %d)", no.errors, no.first_err);
+
+	set_full_coverage("yes");
+	ck_assert_int_eq(tokenbucket_redis_set_fallback(cc, 0.5), 0);
+	struct coverage fb = kill_and_watch_others(p[2], "cf");
+	print_coverage("require-full-coverage yes, fallback 0.5", &fb);
+	/* The fallback decides what the cluster refuses: no call fails. */
+	ck_assert_msg(fb.errors == 0, "%ld calls failed (first %d)", fb.errors, fb.first_err);
+	ck_assert_int_le(fb.longest, TIMEOUT + late_ns());
+}
+END_TEST
+
 /* ---- Unreachable nodes --------------------------------------------------- */
 
 static const struct tokenbucket_redis_limit small = { .tokens = 10, .period_ns = SEC, .burst = 10 };
@@ -686,6 +823,7 @@ int main(void)
 	tcase(diff, "exactness", setup_slow, 240, test_exactness);
 	tcase(reshard, "reshard", setup_slow, 120, test_reshard_hot_slot);
 	tcase(failover, "failover", setup_fast, 180, test_failover);
+	tcase(failover, "coverage", setup_fast, 180, test_coverage);
 	tcase(unreachable, "unreachable", setup_slow, 120, test_unreachable);
 	Suite *const suites[] = { diff, reshard, failover, unreachable, NULL };
 	return redis_run(suites, cluster_available(), "redis-server or redis-cli (package redis-server, redis-tools)");

@@ -545,6 +545,36 @@ START_TEST(test_not_ready_until_the_timeout)
 }
 END_TEST
 
+START_TEST(test_down_goes_to_the_fallback)
+{
+	/* With a fallback, CLUSTERDOWN makes allow and reserve decide locally on the first answer. */
+	struct fake f;
+	fake_start(&f, answer_clusterdown, NULL);
+	struct tokenbucket_redis *r = fake_client(&f, 5000);
+	ck_assert_int_eq(tokenbucket_redis_set_fallback(r, 0.5), 0);
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_allow(r, "foo", 3, &lim, 1, &res), 0);
+	ck_assert_uint_eq(res.flags, TOKENBUCKET_RESULT_LOCAL);
+	ck_assert(res.allowed);
+	ck_assert_int_eq(evals(&f), 1);
+	struct tokenbucket_reservation rv;
+	ck_assert_int_eq(tokenbucket_redis_reserve(r, "foo", 3, &lim, 1, TOKENBUCKET_NEVER, &rv, &res), 0);
+	ck_assert_uint_eq(res.flags, TOKENBUCKET_RESULT_LOCAL);
+	ck_assert_int_eq(evals(&f), 2);
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
+	/* TRYAGAIN (a slot on the move) is still tried again until the timeout. */
+	fake_start(&f, answer_tryagain, NULL);
+	r = fake_client(&f, 300);
+	ck_assert_int_eq(tokenbucket_redis_set_fallback(r, 0.5), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(r, "foo", 3, &lim, 1, &res), 0);
+	ck_assert_uint_eq(res.flags, TOKENBUCKET_RESULT_LOCAL);
+	ck_assert_int_gt(evals(&f), 3);
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
+}
+END_TEST
+
 /* Hostile maps, one a connection; the call itself is answered. */
 static void answer_hostile_map(struct fake *f, int argc, char **argv, char *out, size_t size)
 {
@@ -682,6 +712,7 @@ int main(void)
 	tcase_set_timeout(net, 30);
 	tcase_add_test(net, test_redirect_loop);
 	tcase_add_test(net, test_not_ready_until_the_timeout);
+	tcase_add_test(net, test_down_goes_to_the_fallback);
 	tcase_add_test(net, test_hostile_map_is_not_used);
 	tcase_add_test(net, test_ask_then_noscript);
 	tcase_add_test(net, test_moved_updates_the_slot);

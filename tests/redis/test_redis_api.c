@@ -7,6 +7,8 @@
  */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -238,10 +240,117 @@ START_TEST(test_threads_share_a_client)
 }
 END_TEST
 
+/* Pipelined: 8 threads, one connection, every grant exact. */
+static struct tokenbucket_redis *piped;
+static atomic_int piped_granted, piped_failed;
+
+static void *piped_calls(void *arg)
+{
+	(void)arg;
+	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 1000 };
+	for (int i = 0; i < 300; i++) {
+		struct tokenbucket_result res;
+		int err = tokenbucket_redis_allow(piped, KEY("piped"), &fixed, 1, &res);
+		if (err != 0)
+			atomic_fetch_add(&piped_failed, 1);
+		else if (res.allowed)
+			atomic_fetch_add(&piped_granted, 1);
+	}
+	return NULL;
+}
+
+START_TEST(test_pipelining_shares_one_connection)
+{
+	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 2), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(NULL, 1), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0); /* already */
+	atomic_store(&piped_granted, 0);
+	atomic_store(&piped_failed, 0);
+	pthread_t t[8];
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, piped_calls, NULL), 0);
+	for (int i = 0; i < 8; i++)
+		pthread_join(t[i], NULL);
+	ck_assert_int_eq(atomic_load(&piped_failed), 0);
+	ck_assert_int_eq(atomic_load(&piped_granted), 1000);
+	/* One connection for all eight threads: with cli's and the admin's, three. */
+	redisContext *a = server_admin(&srv);
+	ck_assert_ptr_nonnull(a);
+	redisReply *rep = redisCommand(a, "CLIENT LIST");
+	ck_assert_ptr_nonnull(rep);
+	int lines = 0;
+	for (size_t i = 0; i < rep->len; i++)
+		lines += rep->str[i] == '\n';
+	freeReplyObject(rep);
+	redisFree(a);
+	ck_assert_int_le(lines, 3);
+	/* Off again: the pool, a connection per thread in flight. */
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 0), 0);
+	double tokens = -1;
+	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 1000 };
+	ck_assert_int_eq(tokenbucket_redis_tokens(piped, KEY("piped"), &fixed, &tokens, NULL), 0);
+	ck_assert(tokens == 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	tokenbucket_redis_close(piped); /* with the I/O thread running */
+}
+END_TEST
+
+/* xorshift64*: the tests' own numbers, the same on every run. */
+static uint64_t next_random(uint64_t *x)
+{
+	*x ^= *x >> 12;
+	*x ^= *x << 25;
+	*x ^= *x >> 27;
+	return *x * UINT64_C(0x2545f4914f6cdd1d);
+}
+
+START_TEST(test_tokens_bit_for_bit)
+{
+	/*
+	 * tokens_at on the server and on the local library, bit for bit: a
+	 * bucket reset to a random level, read a fraction of a few tokens'
+	 * time later, at rates whose fractions need every bit of a double.
+	 */
+	uint64_t x = 0x5eed7b1u;
+	int fractional = 0;
+	for (int i = 0; i < 3000; i++) {
+		struct tokenbucket_redis_limit l = {
+			.tokens = 1 + next_random(&x) % 1000000007,
+			.period_ns = 1 + (int64_t)(next_random(&x) % 999999999937),
+			/* Mostly small: a double rounded twice differs most often below 2^6. */
+			.burst = 1 + next_random(&x) % (i % 8 == 0 ? UINT64_C(1) << 40 : 64),
+		};
+		int64_t t0 = (int64_t)(next_random(&x) % (UINT64_C(1) << 50));
+		uint64_t level = next_random(&x) % l.burst;
+		/* Up to the time of about 3 tokens, so that most values have a fraction. */
+		uint64_t span = (uint64_t)l.period_ns * 3 / l.tokens + 2;
+		int64_t t1 = t0 + (int64_t)(next_random(&x) % span);
+		struct tokenbucket *tb;
+		ck_assert_int_eq(tokenbucket_create_every(&tb, l.tokens, l.period_ns, l.burst, 0), 0);
+		ck_assert_int_eq(tokenbucket_reset_at(tb, t0, level), 0);
+		double local = tokenbucket_tokens_at(tb, t1);
+		tokenbucket_free(tb);
+		char key[32];
+		snprintf(key, sizeof(key), "bits:%d", i);
+		ck_assert_int_eq(tokenbucket_redis_reset_at(cli, KEY(key), &l, t0, level), 0);
+		double remote = -1;
+		ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY(key), &l, t1, &remote, NULL), 0);
+		ck_assert_msg(memcmp(&remote, &local, sizeof(remote)) == 0,
+			      "%s: tokens %a, local %a", key, remote, local);
+		fractional += remote != (double)(uint64_t)remote;
+	}
+	/* The comparison is worth something only on values with fractions. */
+	ck_assert_int_gt(fractional, 2000);
+}
+END_TEST
+
 Suite *redis_api_suite(void)
 {
 	Suite *s = suite_create("redis-api");
 	redis_tcase(s, "api", redis_setup, 30,
-		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client, NULL });
+		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client,
+					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection, NULL });
 	return s;
 }

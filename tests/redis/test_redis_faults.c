@@ -3,6 +3,7 @@
  * Faults: each gives its documented error, no call outlasts the timeout,
  * and the first call after recovery works.
  */
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <sys/wait.h>
@@ -178,6 +179,143 @@ START_TEST(test_local_fallback)
 }
 END_TEST
 
+/* ---- Pooled connections the server closed --------------------------------- */
+
+#define STALE_THREADS 8
+#define STALE_CALLS 50
+
+struct stale_worker {
+	struct tokenbucket_redis *c;
+	pthread_barrier_t *go;
+	int failed; /* calls that did not return 0 */
+	int last_err;
+};
+
+static void *stale_calls(void *arg)
+{
+	struct stale_worker *w = arg;
+	static const struct tokenbucket_redis_limit many = {
+		.tokens = 1000000, .period_ns = SEC, .burst = 1000000
+	};
+	pthread_barrier_wait(w->go);
+	for (int i = 0; i < STALE_CALLS; i++) {
+		struct tokenbucket_result res;
+		int err = tokenbucket_redis_allow(w->c, KEY("stale"), &many, 1, &res);
+		if (err != 0) {
+			w->failed++;
+			w->last_err = err;
+		}
+	}
+	return NULL;
+}
+
+/* STALE_THREADS threads making STALE_CALLS calls each at once; the calls that failed. */
+static int stale_burst(struct tokenbucket_redis *c)
+{
+	pthread_barrier_t go;
+	pthread_barrier_init(&go, NULL, STALE_THREADS);
+	pthread_t t[STALE_THREADS];
+	struct stale_worker w[STALE_THREADS];
+	for (int i = 0; i < STALE_THREADS; i++) {
+		w[i] = (struct stale_worker){ .c = c, .go = &go };
+		ck_assert_int_eq(pthread_create(&t[i], NULL, stale_calls, &w[i]), 0);
+	}
+	int failed = 0;
+	for (int i = 0; i < STALE_THREADS; i++) {
+		pthread_join(t[i], NULL);
+		if (w[i].failed > 0)
+			fprintf(stderr, "stale: %d calls failed, last %d\n", w[i].failed, w[i].last_err);
+		failed += w[i].failed;
+	}
+	pthread_barrier_destroy(&go);
+	return failed;
+}
+
+/* Clients connected now, the asking one included. */
+static int clients_connected(void)
+{
+	redisContext *a = server_admin(&srv);
+	ck_assert_ptr_nonnull(a);
+	redisReply *rep = redisCommand(a, "CLIENT LIST");
+	ck_assert_ptr_nonnull(rep);
+	ck_assert_int_eq(rep->type, REDIS_REPLY_STRING);
+	int n = 0;
+	for (size_t i = 0; i < rep->len; i++)
+		n += rep->str[i] == '\n';
+	freeReplyObject(rep);
+	redisFree(a);
+	return n;
+}
+
+/*
+ * The server closes every idle connection of c's pool (close() does it);
+ * no call after that may see one: every call succeeds, from one thread and
+ * from many.
+ */
+static void stale_pool(struct tokenbucket_redis *c, void (*close)(void))
+{
+	ck_assert_int_eq(stale_burst(c), 0);
+	ck_assert_int_gt(clients_connected(), 1);
+	close();
+	/* Only the asking connection is left: the pool's are all closed. */
+	ck_assert_int_eq(clients_connected(), 1);
+	struct tokenbucket_result res;
+	static const struct tokenbucket_redis_limit many = {
+		.tokens = 1000000, .period_ns = SEC, .burst = 1000000
+	};
+	ck_assert_int_eq(tokenbucket_redis_allow(c, KEY("stale"), &many, 1, &res), 0);
+	ck_assert_int_eq(stale_burst(c), 0);
+	close();
+	ck_assert_int_eq(stale_burst(c), 0);
+}
+
+static void kill_normal(void)
+{
+	ck_assert_int_eq(server_cmd(&srv, "CLIENT KILL TYPE normal"), REDIS_REPLY_INTEGER);
+}
+
+static void idle_timeout(void)
+{
+	/* The server closes connections idle for 1 s; 3 s leaves it room to notice. */
+	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET timeout 1"), REDIS_REPLY_STATUS);
+	sleep(3);
+	/* A server starved of CPU for a second may close this very connection too: ask again. */
+	int type = -1;
+	for (int i = 0; i < 5 && type != REDIS_REPLY_STATUS; i++)
+		type = server_cmd(&srv, "CONFIG SET timeout 0");
+	ck_assert_int_eq(type, REDIS_REPLY_STATUS);
+}
+
+START_TEST(test_client_kill)
+{
+	stale_pool(cli, kill_normal);
+}
+END_TEST
+
+START_TEST(test_client_kill_tcp)
+{
+	struct tokenbucket_redis *tcp;
+	ck_assert_int_eq(tokenbucket_redis_open(&tcp, srv.tcp_url, SEC, 500 * MS), 0);
+	stale_pool(tcp, kill_normal);
+	tokenbucket_redis_close(tcp);
+}
+END_TEST
+
+START_TEST(test_idle_timeout)
+{
+	stale_pool(cli, idle_timeout);
+}
+END_TEST
+
+START_TEST(test_idle_timeout_tcp)
+{
+	struct tokenbucket_redis *tcp;
+	ck_assert_int_eq(tokenbucket_redis_open(&tcp, srv.tcp_url, SEC, 500 * MS), 0);
+	stale_pool(tcp, idle_timeout);
+	tokenbucket_redis_close(tcp);
+}
+END_TEST
+
 static void busy_setup(void)
 {
 	static const char *const extra[] = { "--busy-reply-threshold", "100", NULL };
@@ -193,6 +331,9 @@ Suite *redis_faults_suite(void)
 					    test_script_flush, test_garbage_and_other_types,
 					    test_oom, test_readonly_replica, test_local_fallback,
 					    NULL });
+	redis_tcase(s, "stale", redis_setup, 30,
+		    (const TTest *const[]){ test_client_kill, test_client_kill_tcp, test_idle_timeout,
+					    test_idle_timeout_tcp, NULL });
 	redis_tcase(s, "busy", busy_setup, 30,
 		    (const TTest *const[]){ test_busy, NULL });
 	return s;

@@ -1,0 +1,706 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The asynchronous client: calls pipelined on non-blocking hiredis
+ * connections (one per server: one for a one-server client, one per node
+ * of a cluster) that the caller's event loop drives through
+ * struct tokenbucket_redis_loop (watch descriptors, arm one timer).
+ *
+ * Every call started is an op in a list kept in start order; an op leaves
+ * it only when its callback has run, so each callback runs exactly once.
+ * An op not sent yet waits in the list until its connection is ready
+ * (connected, and set up when it needs a SELECT first), or until a pause
+ * after CLUSTERDOWN or TRYAGAIN ends; hiredis matches replies to the ops
+ * sent on a connection in order.  Every op has the same timeout, so the
+ * list's head has the earliest deadline, and the one timer is armed for
+ * it (or for the end of the earliest pause).  When a sent op's deadline
+ * passes, its connection is closed (a late reply must never be read as
+ * another call's) and every op on it completes with -ETIME, as a blocking
+ * call on a connection that timed out does.
+ *
+ * On a cluster an op goes to the primary of its key's slot, from the map
+ * the blocking cluster client keeps (cluster.c); MOVED and ASK send it on,
+ * CLUSTERDOWN, TRYAGAIN, LOADING and MASTERDOWN send it again after a
+ * pause, a connection that could not be made is tried again, all within
+ * the timeout, as tbr__cluster_exchange does.  A stale map is asked for
+ * again (CLUSTER SLOTS) on a ready connection.
+ *
+ * Callbacks run from tokenbucket_redis_async_ready, _timeout and _close
+ * only, never from _start.  They may start calls and close the client:
+ * `depth` counts the library's frames on the stack, and a close asked for
+ * within them is done when the outermost returns.
+ *
+ * Not thread-safe: one thread (the loop's) uses an async client.  What it
+ * shares with the blocking client it was made from is safe to share: the
+ * cluster map is atomic, the fallback has its own lock.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <hiredis/async.h>
+
+#include "async.h"
+#include "slots.h"
+
+/* Pause before an op is sent again after CLUSTERDOWN, TRYAGAIN, or a refused connection. */
+#define PAUSE_NS INT64_C(10000000)
+/* Redirections one op follows before it gives up with -ELOOP. */
+#define REDIRECTS_MAX 16
+/* The least time between two map requests. */
+#define REFRESH_GAP_NS INT64_C(10000000)
+/* A node whose connection failed this recently is not asked for the map. */
+#define SUSPECT_NS INT64_C(1000000000)
+
+struct tokenbucket_redis_async;
+
+/* A connection to one node, made on first use, kept until close. */
+struct conn {
+	struct tokenbucket_redis_async *a;
+	struct tbr__node *node;
+	redisAsyncContext *ac; /* NULL while there is none */
+	int fd;                /* ac's descriptor, as last told to watch */
+	unsigned want;         /* the events asked for on fd */
+	bool ready;            /* ac may carry calls (set up) */
+	bool dying;            /* ac is being freed: send nothing more on it */
+	bool unreached;        /* ac never connected: its ops were never written */
+	bool loading;          /* a SCRIPT LOAD is on ac, its reply not read yet */
+	int drop_err;          /* the error of the ops on an ac we free, or 0 */
+};
+
+struct op {
+	struct tokenbucket_redis_async *a;
+	struct op *prev, *next;
+	struct tokenbucket_redis_call call; /* call.key is key */
+	char *key;
+	tokenbucket_redis_done_fn *done;
+	void *arg;
+	int64_t deadline;   /* tokenbucket_now() */
+	struct conn *conn;  /* while sent: its callback will come from there */
+	bool retried;       /* sent again after NOSCRIPT */
+	int err;            /* not sent: the error to complete it with, or 0 */
+	int last_err;       /* not sent: what it gets if its time runs out */
+	int64_t pause_until; /* not sent before this (0: no pause) */
+	struct tbr__node *ask; /* send there once, after ASKING */
+	bool asking;        /* sent after ASKING (NOSCRIPT sends it again so) */
+	int redirects;
+	unsigned slot;
+};
+
+struct tokenbucket_redis_async {
+	struct tokenbucket_redis_loop loop;
+	struct tbr__cluster *cluster; /* or NULL: one server, node */
+	struct tbr__node *node;
+	int64_t timeout_ns;
+	char *prefix;
+	size_t prefixlen;
+	struct tbr__fallback *fallback; /* or NULL */
+	struct conn **conns;
+	size_t nconns;
+	struct op *head, *tail;
+	size_t nwaiting;       /* ops not sent (conn NULL): the scans below skip when 0 */
+	int64_t timer_ns;      /* the timer as last armed (-1: disarmed) */
+	bool refreshing;       /* a CLUSTER SLOTS is on its way */
+	int64_t refreshed_at;
+	int depth;
+	bool closing;
+};
+
+/* Binds o to connection c (NULL: waiting again), keeping the count of waiting ops. */
+static void bind_op(struct op *o, struct conn *c)
+{
+	if ((o->conn == NULL) != (c == NULL))
+		o->a->nwaiting += c == NULL ? 1 : (size_t)-1;
+	o->conn = c;
+}
+
+/* ---- The event loop ------------------------------------------------------- */
+
+static void want(struct conn *c, unsigned set, unsigned clear)
+{
+	unsigned w = (c->want | set) & ~clear;
+	if (w != c->want) {
+		c->want = w;
+		c->a->loop.watch(c->a->loop.data, c->fd, w);
+	}
+}
+
+static void ev_add_read(void *p) { want(p, TOKENBUCKET_REDIS_READ, 0); }
+static void ev_del_read(void *p) { want(p, 0, TOKENBUCKET_REDIS_READ); }
+static void ev_add_write(void *p) { want(p, TOKENBUCKET_REDIS_WRITE, 0); }
+static void ev_del_write(void *p) { want(p, 0, TOKENBUCKET_REDIS_WRITE); }
+
+/* hiredis frees the connection (after failing its callbacks): nothing is watched any more. */
+static void ev_cleanup(void *p)
+{
+	struct conn *c = p;
+	want(c, 0, TOKENBUCKET_REDIS_READ | TOKENBUCKET_REDIS_WRITE);
+	c->ac = NULL;
+	c->ready = c->dying = c->loading = false;
+}
+
+/* Arms the timer for the earliest deadline or pause, or at once when ops have failed. */
+static void arm(struct tokenbucket_redis_async *a)
+{
+	int64_t at = a->head != NULL ? a->head->deadline : INT64_MAX;
+	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
+		if (o->conn == NULL && o->err != 0) {
+			at = INT64_MIN;
+			break;
+		}
+		if (o->conn == NULL && o->pause_until != 0 && o->pause_until < at)
+			at = o->pause_until;
+	}
+	int64_t ns = -1;
+	if (at != INT64_MAX) {
+		int64_t now = tokenbucket_now();
+		ns = at <= now ? 0 : at - now;
+	}
+	if (ns >= 0 || a->timer_ns >= 0)
+		a->loop.timer(a->loop.data, ns);
+	a->timer_ns = ns;
+}
+
+/* ---- Completion ----------------------------------------------------------- */
+
+static void unlink_op(struct tokenbucket_redis_async *a, struct op *o)
+{
+	if (o->prev != NULL)
+		o->prev->next = o->next;
+	else
+		a->head = o->next;
+	if (o->next != NULL)
+		o->next->prev = o->prev;
+	else
+		a->tail = o->prev;
+}
+
+/* Runs o's callback with err (or the fallback's decision) and frees o. */
+static void complete(struct op *o, int err, struct tokenbucket_result *res,
+		     struct tokenbucket_reservation *rv, double tokens)
+{
+	struct tokenbucket_redis_async *a = o->a;
+	struct tokenbucket_result r0;
+	struct tokenbucket_reservation v0;
+	if (res == NULL) {
+		memset(&r0, 0, sizeof(r0));
+		res = &r0;
+	}
+	if (rv == NULL) {
+		memset(&v0, 0, sizeof(v0));
+		rv = &v0;
+	}
+	if (a->fallback != NULL)
+		err = tbr__fallback_apply(a->fallback, &o->call, err, res, rv);
+	bind_op(o, NULL);
+	a->nwaiting--; /* o leaves the list */
+	unlink_op(a, o);
+	bool granted = err == 0 && o->call.op == TOKENBUCKET_REDIS_RESERVE;
+	o->done(o->arg, err, res, granted ? rv : NULL, tokens);
+	free(o->key);
+	free(o);
+}
+
+/* The error of a connection hiredis gave up, as the blocking client reports it. */
+static int conn_error(const redisAsyncContext *ac)
+{
+	if (ac->c.err == REDIS_ERR_EOF)
+		return -ECONNRESET;
+	if (ac->c.err == REDIS_ERR_OOM)
+		return -ENOMEM;
+	if (ac->c.err == REDIS_ERR_PROTOCOL)
+		return -EPROTO;
+	/* hiredis keeps errno's text only. */
+	static const struct { const char *text; int err; } known[] = {
+		{ "refused", ECONNREFUSED }, { "No such file", ENOENT },
+		{ "Broken pipe", EPIPE },    { "timed out", ETIME },
+		{ "unreachable", EHOSTUNREACH },
+	};
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
+		if (strstr(ac->c.errstr, known[i].text) != NULL)
+			return -known[i].err;
+	return -ECONNRESET;
+}
+
+/* o goes back to waiting, sent again after a pause (pause) or at once. */
+static void again(struct op *o, int last_err, bool pause)
+{
+	bind_op(o, NULL);
+	o->last_err = last_err;
+	o->pause_until = pause ? tokenbucket_now() + PAUSE_NS : 0;
+}
+
+static bool starts(const redisReply *rep, const char *prefix)
+{
+	size_t n = strlen(prefix);
+	return rep->type == REDIS_REPLY_ERROR && rep->len >= n && memcmp(rep->str, prefix, n) == 0;
+}
+
+static void send_op(struct op *o, struct conn *c);
+
+static void on_loaded(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	(void)ac;
+	(void)reply; /* a load that failed leaves the calls to send the text themselves */
+	c->loading = false;
+}
+
+/* A cluster's answer that says the call did not run here; true when o was sent on. */
+static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
+{
+	struct tokenbucket_redis_async *a = o->a;
+	if (a->cluster == NULL || rep->type != REDIS_REPLY_ERROR)
+		return false;
+	struct tbr__node *to;
+	bool ask;
+	int r = tbr__cluster_redirect(a->cluster, c->node, rep, &to, &ask);
+	if (r < 0 || (r == 0 && ++o->redirects > REDIRECTS_MAX)) {
+		complete(o, r < 0 ? r : -ELOOP, NULL, NULL, 0);
+		return true;
+	}
+	if (r == 0) {
+		again(o, -ETIME, false);
+		o->ask = ask ? to : NULL;
+		return true;
+	}
+	if (starts(rep, "TRYAGAIN") || starts(rep, "CLUSTERDOWN") || starts(rep, "LOADING") ||
+	    starts(rep, "MASTERDOWN")) {
+		/* Not run; the cluster is moving a slot, electing, or loading. */
+		tbr__cluster_set_stale(a->cluster);
+		if (starts(rep, "CLUSTERDOWN") && a->fallback != NULL &&
+		    tbr__fallback_down_returns(a->fallback, &o->call))
+			complete(o, -EAGAIN, NULL, NULL, 0); /* the fallback decides now */
+		else
+			again(o, -EAGAIN, true);
+		return true;
+	}
+	return false;
+}
+
+static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct op *o = privdata;
+	struct conn *c = o->conn;
+	if (reply == NULL) {
+		/* hiredis is freeing the connection: every op on it ends the same way. */
+		c->dying = true;
+		if (c->drop_err == 0)
+			atomic_store_explicit(&c->node->failed_at, tokenbucket_now(), memory_order_relaxed);
+		if (c->unreached && c->drop_err == 0 && o->a->cluster != NULL) {
+			/* Never written: the node refused; tried again after a pause. */
+			tbr__cluster_set_stale(o->a->cluster);
+			again(o, conn_error(ac), true);
+			return;
+		}
+		complete(o, c->drop_err != 0 ? c->drop_err : conn_error(ac), NULL, NULL, 0);
+		return;
+	}
+	struct tokenbucket_result res;
+	struct tokenbucket_reservation rv;
+	double tokens = 0;
+	int err = tbr__decode(&o->call, reply, &res, &rv, &tokens);
+	if (err == -ENOEXEC && !(o->call.flags & TOKENBUCKET_REDIS_EVAL) && !c->dying) {
+		/*
+		 * The server lost the script, and every call in flight will say
+		 * so: the text goes once (SCRIPT LOAD), and they follow it by
+		 * their SHA-1 again.  One that still finds no script sends the
+		 * text itself.
+		 */
+		if (o->retried) {
+			o->call.flags |= TOKENBUCKET_REDIS_EVAL;
+		} else if (!c->loading &&
+			   redisAsyncCommand(ac, on_loaded, c, "SCRIPT LOAD %s", tbr__script_text) ==
+				   REDIS_OK) {
+			c->loading = true;
+		}
+		o->retried = true;
+		bind_op(o, NULL);
+		if (o->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
+			o->err = -ENOMEM;
+		else
+			send_op(o, c);
+		if (o->conn == NULL)
+			complete(o, o->err, NULL, NULL, 0);
+		return;
+	}
+	if (redirected(o, c, reply))
+		return;
+	bool filled = err == 0 || err == -ETIMEDOUT || err == -E2BIG || err == -EOVERFLOW;
+	complete(o, err, filled ? &res : NULL, filled ? &rv : NULL, tokens);
+}
+
+/* ---- Connections ---------------------------------------------------------- */
+
+static void send_op(struct op *o, struct conn *c)
+{
+	struct tbr__args args;
+	int err = tbr__args(&o->call, &args);
+	if (err == 0 && redisAsyncCommandArgv(c->ac, on_reply, o, TBR__ARGC, args.argv, args.len) !=
+				REDIS_OK)
+		err = -ENOMEM;
+	bind_op(o, err == 0 ? c : NULL);
+	o->err = err;
+}
+
+/* The connection to n, made when first needed; NULL when out of memory. */
+static struct conn *conn_of(struct tokenbucket_redis_async *a, struct tbr__node *n)
+{
+	for (size_t i = 0; i < a->nconns; i++)
+		if (a->conns[i]->node == n)
+			return a->conns[i];
+	struct conn **more = realloc(a->conns, (a->nconns + 1) * sizeof(*more));
+	if (more == NULL)
+		return NULL;
+	a->conns = more;
+	struct conn *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return NULL;
+	c->a = a;
+	c->node = n;
+	c->fd = -1;
+	a->conns[a->nconns++] = c;
+	return c;
+}
+
+/*
+ * Replies to the connection's setup.  SELECT is all there is today; what a
+ * connection learns about its server once (a capability, say) is asked for
+ * here too, and the calls wait until the answers are in.
+ */
+static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	if (reply == NULL)
+		return; /* the connection is going: the waiting ops get a new one */
+	const redisReply *rep = reply;
+	if (rep->type == REDIS_REPLY_ERROR) {
+		int err = tbr__error(rep->str, rep->len);
+		for (struct op *o = c->a->head; o != NULL; o = o->next)
+			if (o->conn == NULL && o->err == 0)
+				o->err = err;
+		c->dying = true;
+		redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
+		return;
+	}
+	c->ready = true;
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+	struct conn *c = ac->data;
+	if (status != REDIS_OK) {
+		/* hiredis frees ac next, failing what was queued on it: none of it was written. */
+		c->dying = true;
+		c->unreached = true;
+	}
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+	struct conn *c = ac->data;
+	(void)status;
+	c->dying = true;
+}
+
+/* Opens c's connection (non-blocking), its setup queued; 0 or a negative errno. */
+static int conn_open(struct conn *c)
+{
+	const struct tbr__node *n = c->node;
+	redisAsyncContext *ac = n->path != NULL ? redisAsyncConnectUnix(n->path)
+						: redisAsyncConnect(n->host, n->port);
+	if (ac == NULL)
+		return -ENOMEM;
+	if (ac->err) {
+		int err = conn_error(ac);
+		redisAsyncFree(ac);
+		return err;
+	}
+	c->ac = ac;
+	c->fd = ac->c.fd;
+	c->want = 0;
+	c->dying = c->unreached = c->loading = false;
+	ac->data = c;
+	ac->ev.data = c;
+	ac->ev.addRead = ev_add_read;
+	ac->ev.delRead = ev_del_read;
+	ac->ev.addWrite = ev_add_write;
+	ac->ev.delWrite = ev_del_write;
+	ac->ev.cleanup = ev_cleanup;
+	redisAsyncSetConnectCallback(ac, on_connect);
+	redisAsyncSetDisconnectCallback(ac, on_disconnect);
+	/* The reply to SELECT comes first; meanwhile calls wait. */
+	c->ready = n->db == 0;
+	if (!c->ready && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK)
+		return -ENOMEM; /* ac stays: dropped with the ops' timeout */
+	/* Nothing is written before a command: watch for the connection to complete. */
+	want(c, TOKENBUCKET_REDIS_WRITE, 0);
+	return 0;
+}
+
+/* Closes c's connection now; its ops complete with err. */
+static void conn_drop(struct conn *c, int err)
+{
+	if (c->ac == NULL)
+		return;
+	c->drop_err = err;
+	c->dying = true;
+	redisAsyncFree(c->ac);
+	c->drop_err = 0;
+}
+
+static void on_slots(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	(void)ac;
+	c->a->refreshing = false;
+	if (reply != NULL)
+		tbr__cluster_map(c->a->cluster, c->node, reply); /* a bad map is not used */
+}
+
+/* Asks a ready node for the cluster's map when it is stale (at most every REFRESH_GAP_NS). */
+static void refresh(struct tokenbucket_redis_async *a, int64_t now)
+{
+	if (a->cluster == NULL || a->refreshing || !tbr__cluster_stale(a->cluster) ||
+	    now - a->refreshed_at < REFRESH_GAP_NS)
+		return;
+	/*
+	 * Only a connection that is up, to a node that has not failed in the
+	 * last second: the map of a dead node's connection never comes.
+	 */
+	for (size_t i = 0; i < a->nconns; i++) {
+		struct conn *c = a->conns[i];
+		int64_t failed = atomic_load_explicit(&c->node->failed_at, memory_order_relaxed);
+		if (c->ac != NULL && c->ready && !c->dying && (c->ac->c.flags & REDIS_CONNECTED) &&
+		    (failed == 0 || now - failed >= SUSPECT_NS) &&
+		    redisAsyncCommand(c->ac, on_slots, c, "CLUSTER SLOTS") == REDIS_OK) {
+			a->refreshing = true;
+			a->refreshed_at = now;
+			return;
+		}
+	}
+}
+
+/*
+ * Sends every op that waits and may go: to its node's connection, opened
+ * if needed.  One that cannot be (no memory, a connection refused on a
+ * one-server client) gets its error, completed by settle().
+ */
+static void send_waiting(struct tokenbucket_redis_async *a)
+{
+	int64_t now = tokenbucket_now();
+	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
+		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
+			continue;
+		struct tbr__node *n = o->ask != NULL ? o->ask
+				      : a->cluster != NULL ? tbr__cluster_route(a->cluster, o->slot)
+							   : a->node;
+		struct conn *c = conn_of(a, n);
+		if (c == NULL) {
+			o->err = -ENOMEM;
+			continue;
+		}
+		if (c->ac == NULL) {
+			int err = conn_open(c);
+			if (err != 0 && a->cluster != NULL) {
+				tbr__cluster_set_stale(a->cluster);
+				again(o, err, true);
+				continue;
+			}
+			if (err != 0) {
+				o->err = err;
+				continue;
+			}
+		}
+		if (!c->ready || c->dying)
+			continue;
+		if (o->ask != NULL && redisAsyncCommand(c->ac, NULL, NULL, "ASKING") != REDIS_OK) {
+			o->err = -ENOMEM;
+			continue;
+		}
+		o->pause_until = 0;
+		o->asking = o->ask != NULL;
+		o->ask = NULL;
+		send_op(o, c);
+	}
+	refresh(a, now);
+}
+
+/*
+ * After the library's work on the connections: completes the ops that
+ * failed before they were sent, sends what waits, and arms the timer.
+ */
+static void settle(struct tokenbucket_redis_async *a)
+{
+	for (struct op *o = a->nwaiting > 0 ? a->head : NULL, *next; o != NULL; o = next) {
+		next = o->next;
+		if (o->conn == NULL && o->err != 0)
+			complete(o, o->err, NULL, NULL, 0);
+	}
+	if (a->closing)
+		return;
+	send_waiting(a);
+	arm(a);
+}
+
+/* ---- The interface -------------------------------------------------------- */
+
+int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async_config *cfg,
+		    const struct tokenbucket_redis_loop *loop)
+{
+	if (ap == NULL || cfg == NULL || loop == NULL || loop->watch == NULL || loop->timer == NULL)
+		return -EINVAL;
+	/* Asking the sentinels would block: not yet. */
+	if (cfg->node != NULL && cfg->node->sentinel != NULL)
+		return -EOPNOTSUPP;
+	struct tokenbucket_redis_async *a = calloc(1, sizeof(*a));
+	if (a == NULL)
+		return -ENOMEM;
+	if (cfg->prefixlen > 0) {
+		a->prefix = malloc(cfg->prefixlen);
+		if (a->prefix == NULL) {
+			free(a);
+			return -ENOMEM;
+		}
+		memcpy(a->prefix, cfg->prefix, cfg->prefixlen);
+		a->prefixlen = cfg->prefixlen;
+	}
+	a->loop = *loop;
+	a->node = cfg->node;
+	a->cluster = cfg->cluster;
+	a->timeout_ns = cfg->timeout_ns;
+	a->fallback = cfg->fallback;
+	a->timer_ns = -1;
+	a->refreshed_at = INT64_MIN / 2;
+	*ap = a;
+	return 0;
+}
+
+static void close_now(struct tokenbucket_redis_async *a)
+{
+	a->depth++;
+	for (size_t i = 0; i < a->nconns; i++)
+		conn_drop(a->conns[i], -ECANCELED);
+	while (a->head != NULL)
+		complete(a->head, -ECANCELED, NULL, NULL, 0);
+	a->depth--;
+	if (a->timer_ns >= 0)
+		a->loop.timer(a->loop.data, -1);
+	if (a->loop.free != NULL)
+		a->loop.free(a->loop.data);
+	for (size_t i = 0; i < a->nconns; i++)
+		free(a->conns[i]);
+	free(a->conns);
+	free(a->prefix);
+	free(a);
+}
+
+/* Leaves one of the library's frames; the last one out does a close asked for within. */
+static void leave(struct tokenbucket_redis_async *a)
+{
+	if (--a->depth == 0 && a->closing)
+		close_now(a);
+}
+
+void tokenbucket_redis_async_close(struct tokenbucket_redis_async *a)
+{
+	if (a == NULL)
+		return;
+	if (a->depth > 0) {
+		a->closing = true;
+		return;
+	}
+	close_now(a);
+}
+
+int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
+				  const struct tokenbucket_redis_call *call,
+				  tokenbucket_redis_done_fn *done, void *arg)
+{
+	if (a == NULL || call == NULL || done == NULL)
+		return -EINVAL;
+	if (a->closing)
+		return -ECANCELED;
+	struct op *o = calloc(1, sizeof(*o));
+	if (o == NULL)
+		return -ENOMEM;
+	size_t keylen;
+	int err = tbr__key_join(a->prefix, a->prefixlen, call->key, call->keylen, &o->key, &keylen);
+	if (err != 0) {
+		free(o);
+		return err;
+	}
+	o->a = a;
+	o->call = (struct tokenbucket_redis_call){
+		.op = call->op, .flags = call->flags, .key = o->key, .keylen = keylen,
+		.limit = call->limit, .now = call->now, .n = call->n, .arg = call->arg,
+	};
+	struct tbr__args check;
+	err = tbr__args(&o->call, &check);
+	if (err != 0) {
+		free(o->key);
+		free(o);
+		return err;
+	}
+	o->done = done;
+	o->arg = arg;
+	o->slot = tbr__slot(o->key, keylen);
+	o->last_err = -ETIME;
+	o->deadline = tokenbucket_now() + a->timeout_ns;
+	o->prev = a->tail;
+	if (a->tail != NULL)
+		a->tail->next = o;
+	else
+		a->head = o;
+	a->tail = o;
+	a->nwaiting++;
+	if (a->depth > 0)
+		return 0; /* within a callback: settle() sends it on the way out */
+	a->depth++;
+	send_waiting(a); /* errors are completed from the timer, never from here */
+	arm(a);
+	leave(a);
+	return 0;
+}
+
+void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, unsigned events)
+{
+	if (a == NULL)
+		return;
+	struct conn *c = NULL;
+	for (size_t i = 0; i < a->nconns && c == NULL; i++)
+		if (a->conns[i]->ac != NULL && a->conns[i]->fd == fd)
+			c = a->conns[i];
+	if (c == NULL)
+		return;
+	struct tbr__sigpipe sp;
+	tbr__sigpipe_block(&sp);
+	a->depth++;
+	if (events & TOKENBUCKET_REDIS_READ)
+		redisAsyncHandleRead(c->ac);
+	if ((events & TOKENBUCKET_REDIS_WRITE) && c->ac != NULL && !c->dying)
+		redisAsyncHandleWrite(c->ac);
+	settle(a);
+	tbr__sigpipe_restore(&sp);
+	leave(a);
+}
+
+void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
+{
+	if (a == NULL)
+		return;
+	a->depth++;
+	a->timer_ns = -1;
+	int64_t now = tokenbucket_now();
+	/* No reply in time: the connection goes, with every op on it. */
+	while (a->head != NULL && a->head->deadline <= now) {
+		struct op *o = a->head;
+		if (o->conn != NULL)
+			conn_drop(o->conn, -ETIME);
+		if (a->head == o) /* not sent, or (never expected) not failed by the drop */
+			complete(o, o->err != 0 ? o->err : o->conn != NULL ? -ETIME : o->last_err,
+				 NULL, NULL, 0);
+	}
+	settle(a);
+	leave(a);
+}

@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The asynchronous engine (async.c): calls pipelined on non-blocking
+ * connections, driven by an event loop.  Builds on the pool, the cluster
+ * map and the fallback; the client (client.c) makes one from its own
+ * settings.  Not exported.
+ */
+#ifndef TOKENBUCKET_REDIS_ASYNC_H
+#define TOKENBUCKET_REDIS_ASYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cluster.h"
+#include "fallback.h"
+
+/* What an engine serves and how; the pointers must outlive it. */
+struct tbr__async_config {
+	struct tbr__node *node;       /* one server, or NULL with cluster */
+	struct tbr__cluster *cluster;
+	int64_t timeout_ns;           /* a call's whole time */
+	const char *prefix;           /* put before every key (copied) */
+	size_t prefixlen;
+	struct tbr__fallback *fallback; /* decides for an unavailable server, or NULL */
+};
+
+/* An engine for cfg, driven by loop (copied); -EINVAL, -ENOMEM. */
+int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async_config *cfg,
+		    const struct tokenbucket_redis_loop *loop);
+
+#endif

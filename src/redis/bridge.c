@@ -1,0 +1,304 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Blocking calls pipelined (tokenbucket_redis_set_pipelining): the
+ * calling threads hand their calls to one I/O thread of the client's,
+ * which runs the asynchronous engine (async.c) on its own poll loop, so
+ * every thread's calls share one connection per server, written together
+ * and answered in order.  A blocking call is then a thin layer: queue the
+ * call, wake the I/O thread if the queue was empty, wait for the answer.
+ *
+ * Concurrency: the queue and each request's `done` are under `lock`; the
+ * engine, the descriptors and the timer belong to the I/O thread alone.
+ * The I/O thread reads its eventfd before it takes the queue, so a call
+ * queued after the take finds the queue empty and wakes it again: no call
+ * is left waiting in the queue.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "bridge.h"
+
+struct breq {
+	struct tbr__bridge *b;
+	const struct tokenbucket_redis_call *call;
+	struct tokenbucket_result res;
+	struct tokenbucket_reservation rv;
+	double tokens;
+	int err;
+	bool done;
+	pthread_cond_t cond; /* done, under the bridge's lock */
+	struct breq *next;
+};
+
+struct watched {
+	int fd;
+	unsigned events;
+};
+
+struct tbr__bridge {
+	pthread_mutex_t lock; /* head, tail, stop, each request's done */
+	struct breq *head, *tail;
+	bool stop;
+	int wake; /* eventfd: the queue was empty and is not */
+	pthread_t thread;
+	pid_t pid; /* the process the I/O thread runs in: a fork()ed child has none */
+	/* The I/O thread's own. */
+	struct tokenbucket_redis_async *a;
+	struct watched *fds;
+	size_t nfds;
+	struct pollfd *poll; /* the loop's array, kept here so that a fork()ed child frees it */
+	size_t npoll;
+	int64_t timer_at; /* tokenbucket_now() to fire at, or -1 */
+};
+
+/* ---- The I/O thread's loop ------------------------------------------------ */
+
+static void loop_watch(void *data, int fd, unsigned events)
+{
+	struct tbr__bridge *b = data;
+	size_t i = 0;
+	while (i < b->nfds && b->fds[i].fd != fd)
+		i++;
+	if (events == 0) {
+		if (i < b->nfds)
+			b->fds[i] = b->fds[--b->nfds];
+		return;
+	}
+	if (i == b->nfds) {
+		struct watched *more = realloc(b->fds, (b->nfds + 1) * sizeof(*more));
+		if (more == NULL)
+			return; /* unwatched: its calls end at the command timeout */
+		b->fds = more;
+		b->nfds++;
+	}
+	b->fds[i] = (struct watched){ .fd = fd, .events = events };
+}
+
+static void loop_timer(void *data, int64_t ns)
+{
+	struct tbr__bridge *b = data;
+	b->timer_at = ns < 0 ? -1 : tokenbucket_now() + ns;
+}
+
+static void answered(void *arg, int err, const struct tokenbucket_result *res,
+		     const struct tokenbucket_reservation *rv, double tokens)
+{
+	struct breq *q = arg;
+	q->res = *res;
+	if (rv != NULL)
+		q->rv = *rv;
+	q->tokens = tokens;
+	q->err = err;
+	/* q lives on the waiter's stack until done is set: signal under the lock. */
+	struct tbr__bridge *b = q->b;
+	pthread_mutex_lock(&b->lock);
+	q->done = true;
+	pthread_cond_signal(&q->cond);
+	pthread_mutex_unlock(&b->lock);
+}
+
+/* Starts every queued call on the engine. */
+static void take_queue(struct tbr__bridge *b)
+{
+	uint64_t n;
+	if (read(b->wake, &n, sizeof(n)) < 0 && errno != EAGAIN)
+		return;
+	pthread_mutex_lock(&b->lock);
+	struct breq *q = b->head;
+	b->head = b->tail = NULL;
+	pthread_mutex_unlock(&b->lock);
+	while (q != NULL) {
+		struct breq *next = q->next;
+		int err = tokenbucket_redis_async_start(b->a, q->call, answered, q);
+		if (err != 0) {
+			struct tokenbucket_result none = { 0 };
+			answered(q, err, &none, NULL, 0);
+		}
+		q = next;
+	}
+}
+
+static void *io_thread(void *arg)
+{
+	struct tbr__bridge *b = arg;
+	/* Signals are the application's: delivered to its threads, never here. */
+	sigset_t all;
+	sigfillset(&all);
+	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	for (;;) {
+		pthread_mutex_lock(&b->lock);
+		bool stop = b->stop;
+		pthread_mutex_unlock(&b->lock);
+		if (stop)
+			break;
+		size_t n = b->nfds + 1;
+		if (n > b->npoll) {
+			struct pollfd *more = realloc(b->poll, n * sizeof(*more));
+			if (more == NULL) {
+				n = b->npoll; /* the descriptors that fit, this turn */
+			} else {
+				b->poll = more;
+				b->npoll = n;
+			}
+		}
+		struct pollfd *p = b->poll;
+		p[0] = (struct pollfd){ .fd = b->wake, .events = POLLIN };
+		for (size_t i = 1; i < n; i++)
+			p[i] = (struct pollfd){
+				.fd = b->fds[i - 1].fd,
+				.events = (short)(((b->fds[i - 1].events & TOKENBUCKET_REDIS_READ) ? POLLIN : 0) |
+						  ((b->fds[i - 1].events & TOKENBUCKET_REDIS_WRITE) ? POLLOUT : 0)),
+			};
+		struct timespec ts, *tp = NULL;
+		if (b->timer_at >= 0) {
+			int64_t left = b->timer_at - tokenbucket_now();
+			if (left < 0)
+				left = 0;
+			ts = (struct timespec){ .tv_sec = left / 1000000000, .tv_nsec = left % 1000000000 };
+			tp = &ts;
+		}
+		int ready = ppoll(p, n, tp, NULL);
+		if (ready < 0 && errno != EINTR)
+			continue;
+		/*
+		 * The connections first: one its server closed is noticed before
+		 * new calls could be written to it.  The set of descriptors may
+		 * change under the engine's calls: p is a snapshot.
+		 */
+		for (size_t i = 1; ready > 0 && i < n; i++) {
+			if (p[i].revents == 0)
+				continue;
+			unsigned ev = ((p[i].revents & (POLLIN | POLLHUP | POLLERR)) ? TOKENBUCKET_REDIS_READ : 0u) |
+				      ((p[i].revents & (POLLOUT | POLLERR)) ? TOKENBUCKET_REDIS_WRITE : 0u);
+			tokenbucket_redis_async_ready(b->a, p[i].fd, ev);
+		}
+		if (ready > 0 && (p[0].revents & POLLIN))
+			take_queue(b);
+		if (b->timer_at >= 0 && tokenbucket_now() >= b->timer_at) {
+			b->timer_at = -1;
+			tokenbucket_redis_async_timeout(b->a);
+		}
+	}
+	return NULL;
+}
+
+/* ---- The calling threads' side -------------------------------------------- */
+
+int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cfg)
+{
+	struct tbr__bridge *b = calloc(1, sizeof(*b));
+	if (b == NULL)
+		return -ENOMEM;
+	b->timer_at = -1;
+	b->pid = getpid();
+	/* Room for the eventfd at least: the loop never lacks it. */
+	b->poll = malloc(sizeof(*b->poll));
+	b->npoll = 1;
+	b->wake = b->poll == NULL ? -1 : eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	if (b->wake < 0) {
+		int err = b->poll == NULL ? -ENOMEM : -errno;
+		free(b->poll);
+		free(b);
+		return err;
+	}
+	const struct tokenbucket_redis_loop loop = { .data = b, .watch = loop_watch,
+						     .timer = loop_timer };
+	int err = tbr__async_open(&b->a, cfg, &loop);
+	if (err == 0) {
+		pthread_mutex_init(&b->lock, NULL);
+		err = -pthread_create(&b->thread, NULL, io_thread, b);
+		if (err != 0) {
+			pthread_mutex_destroy(&b->lock);
+			tokenbucket_redis_async_close(b->a);
+		}
+	}
+	if (err != 0) {
+		close(b->wake);
+		free(b->poll);
+		free(b);
+		return err;
+	}
+	*bp = b;
+	return 0;
+}
+
+bool tbr__bridge_here(const struct tbr__bridge *b)
+{
+	return b->pid == getpid();
+}
+
+void tbr__bridge_close(struct tbr__bridge *b)
+{
+	if (b == NULL)
+		return;
+	if (!tbr__bridge_here(b)) {
+		/*
+		 * A fork()ed child: no I/O thread to stop, and the lock may have
+		 * been held by a thread that is not here.  Its copy of the engine
+		 * (no call in flight) and descriptors are freed alone.
+		 */
+		tokenbucket_redis_async_close(b->a);
+		free(b->fds);
+		free(b->poll);
+		close(b->wake);
+		free(b);
+		return;
+	}
+	pthread_mutex_lock(&b->lock);
+	b->stop = true;
+	pthread_mutex_unlock(&b->lock);
+	uint64_t one = 1;
+	while (write(b->wake, &one, sizeof(one)) < 0 && errno == EINTR)
+		;
+	pthread_join(b->thread, NULL);
+	/* No caller waits now (close never runs beside calls). */
+	tokenbucket_redis_async_close(b->a);
+	free(b->fds);
+	free(b->poll);
+	close(b->wake);
+	pthread_mutex_destroy(&b->lock);
+	free(b);
+}
+
+int tbr__bridge_call(struct tbr__bridge *b, const struct tokenbucket_redis_call *call,
+		     struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
+		     double *tokens)
+{
+	struct breq q = { .b = b, .call = call };
+	pthread_cond_init(&q.cond, NULL);
+	pthread_mutex_lock(&b->lock);
+	bool was_empty = b->head == NULL;
+	if (b->tail != NULL)
+		b->tail->next = &q;
+	else
+		b->head = &q;
+	b->tail = &q;
+	pthread_mutex_unlock(&b->lock);
+	if (was_empty) {
+		uint64_t one = 1;
+		while (write(b->wake, &one, sizeof(one)) < 0 && errno == EINTR)
+			;
+	}
+	pthread_mutex_lock(&b->lock);
+	while (!q.done)
+		pthread_cond_wait(&q.cond, &b->lock);
+	pthread_mutex_unlock(&b->lock);
+	pthread_cond_destroy(&q.cond);
+	/* As a blocking round trip: res only when the script answered (or the fallback). */
+	bool answered_by_script = q.err == 0 || q.err == -ETIMEDOUT || q.err == -E2BIG ||
+				  q.err == -EOVERFLOW;
+	if (res != NULL && answered_by_script)
+		*res = q.res;
+	if (rv != NULL && q.err == 0 && call->op == TOKENBUCKET_REDIS_RESERVE)
+		*rv = q.rv;
+	if (tokens != NULL && q.err == 0 && call->op == TOKENBUCKET_REDIS_TOKENS)
+		*tokens = q.tokens;
+	return q.err;
+}

@@ -1,0 +1,369 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Connections: a server's address from its URL, a pool of idle blocking
+ * hiredis connections per server, and one call's round trip.
+ *
+ * Thread safety: a caller takes an idle connection from the pool (or opens
+ * one), uses it alone, and puts it back; the pool's mutex is held only to
+ * pop and push.  So N threads use up to N connections at once and never
+ * wait for each other's round trips.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+
+#include "pool.h"
+
+/* Idle connections kept beyond this (per server) are closed. */
+#define TBR__IDLE_MAX 64
+
+struct timeval tbr__tv_of(int64_t ns)
+{
+	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
+}
+
+static int parse_db(const char *s, int *db)
+{
+	char *end;
+	errno = 0;
+	long v = strtol(s, &end, 10);
+	if (errno != 0 || end == s || *end != '\0' || v < 0 || v > INT_MAX)
+		return -EINVAL;
+	*db = (int)v;
+	return 0;
+}
+
+int tbr__node_parse(struct tbr__node *r, const char *url)
+{
+	r->port = 6379;
+	if (strncmp(url, "redis-sentinel://", 17) == 0)
+		return tbr__sentinel_parse(&r->sentinel, url + 17, &r->db);
+	if (url[0] == '/' || strncmp(url, "unix:", 5) == 0) {
+		const char *p = url[0] == '/' ? url : url + 5;
+		while (p[0] == '/' && p[1] == '/')
+			p++; /* unix:///path */
+		if (p[0] != '/')
+			return -EINVAL;
+		r->path = strdup(p);
+		if (r->path == NULL)
+			return -ENOMEM;
+		char *q = strstr(r->path, "?db=");
+		if (q != NULL) {
+			*q = '\0';
+			return parse_db(q + 4, &r->db);
+		}
+		return 0;
+	}
+	if (strncmp(url, "redis://", 8) != 0)
+		return -EINVAL;
+	const char *h = url + 8;
+	size_t hl = strcspn(h, ":/");
+	if (hl == 0)
+		return -EINVAL;
+	r->host = strndup(h, hl);
+	if (r->host == NULL)
+		return -ENOMEM;
+	const char *p = h + hl;
+	if (*p == ':') {
+		char *end;
+		errno = 0;
+		long port = strtol(p + 1, &end, 10);
+		if (errno != 0 || end == p + 1 || port <= 0 || port > 65535 || (*end != '\0' && *end != '/'))
+			return -EINVAL;
+		r->port = (int)port;
+		p = end;
+	}
+	if (*p == '/' && p[1] != '\0')
+		return parse_db(p + 1, &r->db);
+	return *p == '\0' || (p[0] == '/' && p[1] == '\0') ? 0 : -EINVAL;
+}
+
+void tbr__node_init(struct tbr__node *n)
+{
+	memset(n, 0, sizeof(*n));
+	pthread_mutex_init(&n->lock, NULL);
+}
+
+void tbr__node_flush(struct tbr__node *n)
+{
+	pthread_mutex_lock(&n->lock);
+	struct tbr__conn *c = n->idle;
+	n->idle = NULL;
+	n->nidle = 0;
+	pthread_mutex_unlock(&n->lock);
+	while (c != NULL) {
+		struct tbr__conn *next = c->next;
+		tbr__conn_drop(c);
+		c = next;
+	}
+}
+
+void tbr__node_fini(struct tbr__node *n)
+{
+	tbr__node_flush(n);
+	pthread_mutex_destroy(&n->lock);
+	free(n->host);
+	free(n->path);
+	tbr__sentinel_free(n->sentinel);
+	n->host = n->path = NULL;
+	n->sentinel = NULL;
+}
+
+/* ---- Connections --------------------------------------------------------- */
+
+void tbr__sigpipe_block(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	s->pending_before = sigismember(&pending, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
+}
+
+void tbr__sigpipe_restore(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	if (!s->pending_before && sigismember(&pending, SIGPIPE)) {
+		struct timespec zero = { 0, 0 };
+		int saved = errno;
+		sigtimedwait(&pipe, NULL, &zero);
+		errno = saved;
+	}
+	pthread_sigmask(SIG_SETMASK, &s->old, NULL);
+}
+
+int tbr__conn_error(const redisContext *c, int saved_errno)
+{
+	if (c == NULL)
+		return -ENOMEM;
+	switch (c->err) {
+	case REDIS_ERR_EOF:
+		return -ECONNRESET;
+	case REDIS_ERR_OOM:
+		return -ENOMEM;
+	case REDIS_ERR_PROTOCOL:
+		return -EPROTO;
+	case REDIS_ERR_IO:
+		if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
+		    saved_errno == EINPROGRESS)
+			return -ETIME; /* no answer within the timeout */
+		return saved_errno > 0 ? -saved_errno : -ECONNRESET;
+	default:
+		/* hiredis 0.14 reports a connect timeout as "other" with no errno. */
+		if (strstr(c->errstr, "timed out") != NULL)
+			return -ETIME;
+		return saved_errno > 0 ? -saved_errno : -ECONNREFUSED;
+	}
+}
+
+void tbr__conn_drop(struct tbr__conn *c)
+{
+	if (c == NULL)
+		return;
+	redisFree(c->c);
+	free(c);
+}
+
+int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
+{
+	if (c->timeout_ns == ns)
+		return 0;
+	if (redisSetTimeout(c->c, tbr__tv_of(ns)) != REDIS_OK)
+		return tbr__conn_error(c->c, errno);
+	c->timeout_ns = ns;
+	return 0;
+}
+
+/* An idle connection with bytes or EOF waiting: its server closed it, or a reply nobody reads. */
+static bool conn_spoiled(const struct tbr__conn *c)
+{
+	struct pollfd p = { .fd = c->c->fd, .events = POLLIN };
+	return poll(&p, 1, 0) != 0;
+}
+
+/*
+ * Everything a new connection needs before its first call: the database
+ * (SELECT).  Per-connection knowledge of the server, found once when the
+ * connection is made, belongs here too, kept in struct tbr__conn.
+ */
+static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
+{
+	redisReply *rep = NULL;
+	int err = 0;
+	if (n->sentinel != NULL) {
+		/* What a sentinel named may have been demoted since: a replica refuses writes. */
+		static const char *const role[] = { "ROLE" };
+		err = tbr__conn_command(c, 1, role, &rep);
+		if (err == 0) {
+			bool primary = rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
+				       rep->element[0]->type == REDIS_REPLY_STRING &&
+				       strcmp(rep->element[0]->str, "master") == 0;
+			err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
+			      : primary ? 0 : -EROFS;
+			freeReplyObject(rep);
+		}
+	}
+	if (err != 0 || n->db == 0)
+		return err;
+	errno = 0;
+	rep = redisCommand(c->c, "SELECT %d", n->db);
+	int saved = errno;
+	err = rep == NULL ? tbr__conn_error(c->c, saved)
+	      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
+	if (rep != NULL)
+		freeReplyObject(rep);
+	return err;
+}
+
+/* A new connection to n, set up; 0 or a negative errno. */
+static int conn_open(const struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
+		     struct tbr__conn **out)
+{
+	struct tbr__conn *c = calloc(1, sizeof(*c));
+	if (c == NULL)
+		return -ENOMEM;
+	char *found = NULL;
+	int port = n->port;
+	if (n->sentinel != NULL) {
+		/* Every new connection goes where the sentinels say the primary is now. */
+		int err = tbr__sentinel_primary(n->sentinel, connect_tv, timeout_ns, &found, &port);
+		if (err != 0) {
+			free(c);
+			return err;
+		}
+	}
+	errno = 0;
+	if (n->path != NULL)
+		c->c = redisConnectUnixWithTimeout(n->path, connect_tv);
+	else
+		c->c = redisConnectWithTimeout(found != NULL ? found : n->host, port, connect_tv);
+	int saved = errno;
+	free(found);
+	int err = c->c == NULL || c->c->err ? tbr__conn_error(c->c, saved) : 0;
+	if (err == 0)
+		err = tbr__conn_timeout(c, timeout_ns);
+	if (err == 0)
+		err = conn_setup(n, c);
+	if (err != 0) {
+		tbr__conn_drop(c);
+		return err;
+	}
+	*out = c;
+	return 0;
+}
+
+int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
+		  struct tbr__conn **out, bool *reused)
+{
+	for (;;) {
+		pthread_mutex_lock(&n->lock);
+		struct tbr__conn *c = n->idle;
+		if (c != NULL) {
+			n->idle = c->next;
+			n->nidle--;
+		}
+		pthread_mutex_unlock(&n->lock);
+		if (c == NULL)
+			break;
+		if (conn_spoiled(c)) {
+			tbr__conn_drop(c);
+			continue;
+		}
+		int err = tbr__conn_timeout(c, timeout_ns);
+		if (err != 0) {
+			tbr__conn_drop(c);
+			return err;
+		}
+		if (reused != NULL)
+			*reused = true;
+		*out = c;
+		return 0;
+	}
+	if (reused != NULL)
+		*reused = false;
+	return conn_open(n, connect_tv, timeout_ns, out);
+}
+
+void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
+{
+	pthread_mutex_lock(&n->lock);
+	if (n->nidle < TBR__IDLE_MAX) {
+		c->next = n->idle;
+		n->idle = c;
+		n->nidle++;
+		c = NULL;
+	}
+	pthread_mutex_unlock(&n->lock);
+	tbr__conn_drop(c);
+}
+
+
+/* Writes what c has buffered; 0, or the error of a write that failed. */
+static int conn_flush(struct tbr__conn *c)
+{
+	int done = 0;
+	while (!done) {
+		errno = 0;
+		if (redisBufferWrite(c->c, &done) != REDIS_OK)
+			return tbr__conn_error(c->c, errno);
+	}
+	return 0;
+}
+
+/* Reads one reply from c; 0 or the error of a read that failed. */
+static int conn_read(struct tbr__conn *c, redisReply **rep)
+{
+	void *r = NULL;
+	errno = 0;
+	if (redisGetReply(c->c, &r) != REDIS_OK)
+		return tbr__conn_error(c->c, errno);
+	*rep = r;
+	return 0;
+}
+
+int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,
+		   redisReply **rep, bool *unsent)
+{
+	struct tbr__args a;
+	*unsent = false;
+	int err = tbr__args(call, &a);
+	if (err != 0)
+		return err;
+	*rep = NULL;
+	if ((asking && redisAppendCommand(c->c, "ASKING") != REDIS_OK) ||
+	    redisAppendCommandArgv(c->c, TBR__ARGC, a.argv, a.len) != REDIS_OK)
+		return -ENOMEM;
+	/* A write that fails leaves the call incomplete at the server: it did not run. */
+	err = conn_flush(c);
+	if (err != 0) {
+		*unsent = true;
+		return err;
+	}
+	if (asking) {
+		redisReply *ok = NULL;
+		err = conn_read(c, &ok);
+		if (err != 0)
+			return err;
+		freeReplyObject(ok); /* +OK; an error here shows in the call's own reply */
+	}
+	return conn_read(c, rep);
+}
+
+int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep)
+{
+	errno = 0;
+	redisReply *r = redisCommandArgv(c->c, argc, (const char **)argv, NULL);
+	if (r == NULL)
+		return tbr__conn_error(c->c, errno);
+	*rep = r;
+	return 0;
+}

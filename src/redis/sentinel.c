@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Redis Sentinel: which server is the primary of a master name.  Each new
+ * connection of a Sentinel client asks the sentinels (SENTINEL
+ * get-master-addr-by-name) and connects to the address named, so a
+ * failover is followed by the next connection made; the pool then checks
+ * with ROLE that it reached a primary.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sentinel.h"
+
+/* At most this many sentinels in a URL. */
+#define TBR__SENTINELS_MAX 16
+
+struct tbr__sentinel {
+	char *name;
+	size_t n;
+	char *host[TBR__SENTINELS_MAX];
+	int port[TBR__SENTINELS_MAX];
+	_Atomic unsigned first; /* the one to ask first: the last that answered */
+};
+
+void tbr__sentinel_free(struct tbr__sentinel *s)
+{
+	if (s == NULL)
+		return;
+	for (size_t i = 0; i < s->n; i++)
+		free(s->host[i]);
+	free(s->name);
+	free(s);
+}
+
+static int parse_port(const char *p, const char *end, int *port)
+{
+	long v = 0;
+	if (p == end || end - p > 5)
+		return -EINVAL;
+	for (; p < end; p++) {
+		if (*p < '0' || *p > '9')
+			return -EINVAL;
+		v = v * 10 + (*p - '0');
+	}
+	if (v < 1 || v > 65535)
+		return -EINVAL;
+	*port = (int)v;
+	return 0;
+}
+
+int tbr__sentinel_parse(struct tbr__sentinel **sp, const char *spec, int *db)
+{
+	struct tbr__sentinel *s = calloc(1, sizeof(*s));
+	if (s == NULL)
+		return -ENOMEM;
+	int err = 0;
+	const char *p = spec;
+	/* host[:port] items up to the '/' before the name */
+	while (err == 0) {
+		size_t len = strcspn(p, ",/");
+		const char *colon = memchr(p, ':', len);
+		size_t hostlen = colon != NULL ? (size_t)(colon - p) : len;
+		if (hostlen == 0 || s->n == TBR__SENTINELS_MAX) {
+			err = -EINVAL;
+			break;
+		}
+		s->port[s->n] = 26379;
+		if (colon != NULL)
+			err = parse_port(colon + 1, p + len, &s->port[s->n]);
+		if (err == 0 && (s->host[s->n] = strndup(p, hostlen)) == NULL)
+			err = -ENOMEM;
+		if (err == 0)
+			s->n++;
+		p += len;
+		if (*p != ',')
+			break;
+		p++;
+	}
+	if (err == 0 && *p != '/')
+		err = -EINVAL;
+	const char *name = p + 1;
+	size_t namelen = err == 0 ? strcspn(name, "/") : 0;
+	if (err == 0 && namelen == 0)
+		err = -EINVAL;
+	if (err == 0 && (s->name = strndup(name, namelen)) == NULL)
+		err = -ENOMEM;
+	*db = 0;
+	if (err == 0 && name[namelen] == '/' && name[namelen + 1] != '\0') {
+		char *end;
+		errno = 0;
+		long v = strtol(name + namelen + 1, &end, 10);
+		if (errno != 0 || *end != '\0' || v < 0 || v > INT_MAX || end == name + namelen + 1)
+			err = -EINVAL;
+		else
+			*db = (int)v;
+	} else if (err == 0 && name[namelen] == '/' ) {
+		err = 0; /* a trailing '/': database 0 */
+	}
+	if (err != 0) {
+		tbr__sentinel_free(s);
+		return err;
+	}
+	*sp = s;
+	return 0;
+}
+
+static struct timeval tv_of(int64_t ns)
+{
+	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
+}
+
+/* One sentinel's answer: 0 with *host and *port, 1 when it knows no such master, or -errno. */
+static int ask(const char *shost, int sport, const char *name, struct timeval connect_tv,
+	       int64_t timeout_ns, char **host, int *port)
+{
+	redisContext *c = redisConnectWithTimeout(shost, sport, connect_tv);
+	if (c == NULL)
+		return -ENOMEM;
+	int err = 0;
+	if (c->err)
+		err = strstr(c->errstr, "refused") != NULL ? -ECONNREFUSED
+		      : strstr(c->errstr, "timed out") != NULL ? -ETIME : -ECONNRESET;
+	if (err == 0 && redisSetTimeout(c, tv_of(timeout_ns)) != REDIS_OK)
+		err = -ECONNRESET;
+	redisReply *rep = NULL;
+	if (err == 0) {
+		const char *argv[] = { "SENTINEL", "get-master-addr-by-name", name };
+		rep = redisCommandArgv(c, 3, argv, NULL);
+		if (rep == NULL)
+			err = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
+											       : -ECONNRESET;
+	}
+	if (err == 0) {
+		/* [host, port], or nil for a name it does not monitor. */
+		if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
+		    rep->element[0]->type == REDIS_REPLY_STRING &&
+		    rep->element[1]->type == REDIS_REPLY_STRING && rep->element[0]->len > 0 &&
+		    rep->element[0]->len < 256 &&
+		    parse_port(rep->element[1]->str, rep->element[1]->str + rep->element[1]->len, port) == 0) {
+			*host = strndup(rep->element[0]->str, rep->element[0]->len);
+			err = *host == NULL ? -ENOMEM : 0;
+		} else {
+			err = 1;
+		}
+	}
+	if (rep != NULL)
+		freeReplyObject(rep);
+	redisFree(c);
+	return err;
+}
+
+int tbr__sentinel_primary(struct tbr__sentinel *s, struct timeval connect_tv, int64_t timeout_ns,
+			  char **host, int *port)
+{
+	unsigned first = atomic_load_explicit(&s->first, memory_order_relaxed);
+	int last = -EHOSTUNREACH;
+	bool answered = false;
+	for (size_t k = 0; k < s->n; k++) {
+		size_t i = (first + k) % s->n;
+		int r = ask(s->host[i], s->port[i], s->name, connect_tv, timeout_ns, host, port);
+		if (r == 0) {
+			atomic_store_explicit(&s->first, (unsigned)i, memory_order_relaxed);
+			return 0;
+		}
+		if (r < 0)
+			last = r;
+		else
+			answered = true;
+	}
+	/* A sentinel that answered without a primary says more than ones that did not answer. */
+	return answered ? -EHOSTUNREACH : last;
+}

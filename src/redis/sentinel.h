@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Redis Sentinel (sentinel.c): the sentinels of a URL and the primary
+ * they name.  Below the pool (pool.c), which asks it for the primary's
+ * address each time it opens a connection.  Not exported.
+ */
+#ifndef TOKENBUCKET_REDIS_SENTINEL_H
+#define TOKENBUCKET_REDIS_SENTINEL_H
+
+#include <stdint.h>
+#include <sys/time.h>
+
+#include "internal.h"
+
+struct tbr__sentinel;
+
+/*
+ * "host[:port][,host[:port]...]/name[/db]" (what follows "redis-sentinel://";
+ * port 26379 by default) into *sp and *db.  -EINVAL, -ENOMEM.
+ */
+int tbr__sentinel_parse(struct tbr__sentinel **sp, const char *spec, int *db);
+void tbr__sentinel_free(struct tbr__sentinel *s);
+/*
+ * The address of the primary, as the first sentinel that answers names it
+ * (each asked within connect_tv and timeout_ns, starting with the one that
+ * answered last): *host (free()) and *port.  -EHOSTUNREACH when none knows
+ * it; otherwise the last sentinel's connection error.  Safe from any thread.
+ */
+int tbr__sentinel_primary(struct tbr__sentinel *s, struct timeval connect_tv, int64_t timeout_ns,
+			  char **host, int *port);
+
+#endif
