@@ -187,6 +187,7 @@ static inline int64_t key_time(struct tbt_slot *s, int64_t at)
 {
 	int64_t c = atomic_load(&s->clock);
 	while (at > c) {
+		TB__ROUND();
 		if (atomic_compare_exchange_weak(&s->clock, &c, at))
 			return at;
 	}
@@ -291,6 +292,7 @@ static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
 			continue;
 		struct tbt_slot *s = cand(c, j);
 		for (;;) {
+			TB__ROUND();
 			uint64_t st = atomic_load(&s->state);
 			uint64_t f = atomic_load(&s->fp);
 			if ((f & ~TBT_TAG_MASK) != c->fp)
@@ -320,7 +322,17 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 {
 	struct tbt_counters *k = &t->mem->counters;
 	int spins = 0;
-	for (;;) {
+	/*
+	 * Every round but a spin changes a slot (ours or another caller's); on
+	 * slots no one else writes, a few rounds and the spins a claim is
+	 * given.  Past the bound the key is refused, as when no slot is free.
+	 */
+	for (int round = 0;; round++) {
+		TB__ROUND();
+		if (round == TB__ROUNDS_MAX * TBT_CANDIDATES) {
+			atomic_fetch_add_explicit(&k->refused, 1, memory_order_relaxed);
+			return NULL;
+		}
 		int best = -1, busy = -1;
 		enum tbt_worth worth = TBT_BUSY;
 		uint64_t best_st = 0, best_fp = 0, busy_st = 0;
@@ -460,6 +472,7 @@ again:
 		}
 	}
 	for (;;) {
+		TB__ROUND();
 		int64_t at = key_time(s, c->at);
 		if (past_horizon(t, c->origin, at))
 			return -ERANGE;
@@ -595,6 +608,7 @@ again:
 	struct tb__view v;
 	table_view(t, c.origin, &v);
 	for (;;) {
+		TB__ROUND();
 		int64_t at = key_time(s, c.at);
 		if (past_horizon(t, c.origin, at))
 			return -ERANGE;
@@ -602,10 +616,12 @@ again:
 		bool full = full_at(t, c.origin, at, tail);
 		uint64_t base = full ? production(t, c.origin, at) : tail;
 		int64_t level = full ? (int64_t)t->burst : level_of(t, c.origin, at, tail);
-		int64_t debt = (int64_t)n - level, act = at, wait = 0;
+		/* Wide: a slot's tail may be any 55 bits in a corrupt table. */
+		tb__i128 debt = (tb__i128)n - level;
+		int64_t act = at, wait = 0;
 		int err = 0;
 		if (debt > 0) {
-			if ((uint64_t)debt > TOKENBUCKET_TABLE_DEBT_MAX) {
+			if (debt > (tb__i128)TOKENBUCKET_TABLE_DEBT_MAX) {
 				err = -EOVERFLOW;
 			} else {
 				wait = tb__wait_of(&v, at, (uint64_t)debt, &act);
@@ -656,6 +672,7 @@ void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, s
 	if (s == NULL)
 		return; /* no bucket: the key is full */
 	for (;;) {
+		TB__ROUND();
 		int64_t at = key_time(s, c.at);
 		if (past_horizon(t, c.origin, at) || at > r->time_to_act)
 			return; /* too late: the tokens were used */
