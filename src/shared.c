@@ -474,8 +474,9 @@ int tb__shm_open(const char *name, unsigned mode, const struct tb__shm_ops *ops,
 			*created = false;
 			return err;
 		}
+		/* A symbolic link or a directory there is not one of ours. */
 		if (errno != ENOENT)
-			return errno == ELOOP ? -EBADMSG : -errno;
+			return errno == ELOOP || errno == EISDIR ? -EBADMSG : -errno;
 		err = create_named(path, ops, mode, map);
 		if (err == 0) {
 			*mapped = ops->create_size;

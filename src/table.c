@@ -593,14 +593,16 @@ again:
 			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
 			return 0;
 		}
-		if (n == 0)
+		/*
+		 * A new key is full, so n <= burst is there at once: only a
+		 * negative max_wait refuses, and a refusal takes no slot.
+		 */
+		if (n == 0 || max_wait < 0)
 			return -ETIMEDOUT;
 		s = insert(t, &c, &st);
 		if (s == NULL) {
 			if (!(t->flags & TOKENBUCKET_TABLE_FAIL_OPEN))
 				return -EBUSY;
-			if (max_wait < 0)
-				return -ETIMEDOUT;
 			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
 			return 0;
 		}

@@ -359,6 +359,12 @@ START_TEST(named_foreign_objects)
 	tb = NULL;
 	ck_assert_int_eq(tokenbucket_open(&tb, name, 1, 1, 0, 0, NULL), -EBADMSG);
 	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	/* Nor a directory, for a bucket or a table. */
+	ck_assert_int_eq(mkdir(file, 0700), 0);
+	ck_assert_int_eq(tokenbucket_open(&tb, name, 1, 1, 0, 0, NULL), -EBADMSG);
+	struct tokenbucket_table *t = NULL;
+	ck_assert_int_eq(tokenbucket_table_open(&t, name, 1, SEC, 1, 4, 0, 0, NULL), -EBADMSG);
+	ck_assert_int_eq(rmdir(file), 0);
 	free(image);
 }
 END_TEST

@@ -307,6 +307,8 @@ START_TEST(policies)
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "y", 1, 1));
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "z", 1, 1));
 	ck_assert_int_eq(tokenbucket_table_reserve_at(t, SEC, "b", 1, 1, 0, &res), -EBUSY);
+	/* A negative max_wait is refused before a slot is looked for. */
+	ck_assert_int_eq(tokenbucket_table_reserve_at(t, SEC, "b", 1, 1, -1, &res), -ETIMEDOUT);
 	tokenbucket_table_free(t);
 	/* Evict: the fullest of the candidates goes; the over-grant is its missing tokens. */
 	t = table_every(1, SEC, 4, 4, TOKENBUCKET_TABLE_EVICT);
@@ -321,6 +323,59 @@ START_TEST(policies)
 	ck_assert_int_eq(tokenbucket_table_stats(t, &s), 0);
 	ck_assert_uint_eq(s.lossy, 1);
 	ck_assert_uint_eq(s.in_use, 4);
+	tokenbucket_table_free(t);
+}
+END_TEST
+
+/*
+ * A refused reserve makes no bucket: a new key is full, so only a negative
+ * max_wait refuses it, and then no slot is taken (as a single bucket's
+ * refusal takes nothing).
+ */
+START_TEST(refused_reserve_makes_no_bucket)
+{
+	struct tokenbucket_table *t = table_every(1, SEC, 4, 16, 0);
+	struct tokenbucket_reservation res;
+	struct tokenbucket_table_stats s;
+	ck_assert_int_eq(tokenbucket_table_reserve_at(t, SEC, "k", 1, 3, -1, &res), -ETIMEDOUT);
+	ck_assert_int_eq(tokenbucket_table_reserve_at(t, SEC, "k", 1, 0, -1, &res), -ETIMEDOUT);
+	ck_assert_int_eq(tokenbucket_table_stats(t, &s), 0);
+	ck_assert_uint_eq(s.in_use, 0);
+	uint64_t cursor = 0;
+	struct tokenbucket_table_entry e;
+	ck_assert_int_eq(tokenbucket_table_next(t, &cursor, SEC, &e), -ENOENT);
+	/* A single bucket refuses the same reservation. */
+	struct tokenbucket *tb = bucket_every(1, SEC, 4, 0);
+	ck_assert_int_eq(tokenbucket_reserve_at(tb, SEC, 3, -1, &res), -ETIMEDOUT);
+	tokenbucket_free(tb);
+	/* One that succeeds makes the bucket. */
+	ck_assert_int_eq(tokenbucket_table_reserve_at(t, SEC, "k", 1, 3, 0, &res), 0);
+	ck_assert_int_eq(tokenbucket_table_stats(t, &s), 0);
+	ck_assert_uint_eq(s.in_use, 1);
+	tokenbucket_table_free(t);
+}
+END_TEST
+
+/*
+ * The origin is the first time a call records: calls refused on their
+ * arguments (n above burst, a NULL key, a cancel of nothing) record none.
+ */
+START_TEST(origin_is_first_recorded_time)
+{
+	struct tokenbucket_table *t = table_every(1, SEC, 4, 16, 0);
+	struct tokenbucket_reservation res = {0};
+	ck_assert(!tokenbucket_table_allow_at(t, SEC, "a", 1, 5));
+	ck_assert_int_eq(tokenbucket_table_reserve_at(t, SEC, "a", 1, 5, 0, &res), -E2BIG);
+	tokenbucket_table_cancel_at(t, "a", 1, &res, SEC);
+	ck_assert(!tokenbucket_table_allow_at(t, SEC, NULL, 1, 1));
+	/* The first call that records a time: 5 s.  At 5 s every key is full, 4 tokens. */
+	ck_assert(tokenbucket_table_allow_at(t, 5 * SEC, "a", 1, 4));
+	ck_assert_double_eq(tokenbucket_table_tokens_at(t, 5 * SEC, "a", 1), 0);
+	ck_assert_double_eq(tokenbucket_table_tokens_at(t, 6 * SEC, "a", 1), 1);
+	/* A time before the origin reads as the origin: a new key there is full. */
+	ck_assert_double_eq(tokenbucket_table_tokens_at(t, 2 * SEC, "b", 1), 4);
+	ck_assert(tokenbucket_table_allow_at(t, 2 * SEC, "b", 1, 4));
+	ck_assert_double_eq(tokenbucket_table_tokens_at(t, 5 * SEC + SEC / 2, "b", 1), 0.5);
 	tokenbucket_table_free(t);
 }
 END_TEST
@@ -1141,6 +1196,8 @@ Suite *table_suite(void)
 	tcase_add_test(tc, policies);
 	tcase_add_loop_test(tc, rival_claim_voided, 0, 4);
 	tcase_add_test(tc, results_single_bucket);
+	tcase_add_test(tc, refused_reserve_makes_no_bucket);
+	tcase_add_test(tc, origin_is_first_recorded_time);
 	tcase_add_test(tc, iterate_live_keys);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("model");
