@@ -103,20 +103,23 @@ static uint64_t u64(struct input *in, int bytes)
 static int64_t next_time(struct input *in, int64_t *t)
 {
 	uint8_t k = u8(in);
+	/* Modulo 2^64: a step may wrap, as any int64_t a caller passes may be anything. */
+	uint64_t u = (uint64_t)*t;
 	switch (k & 3) {
 	case 0:
-		*t += (int64_t)u64(in, 2) * 1000;
+		u += u64(in, 2) * 1000;
 		break;
 	case 1:
-		*t += (int64_t)u64(in, 4) * 1000;
+		u += u64(in, 4) * 1000;
 		break;
 	case 2:
-		*t -= (int64_t)u64(in, 2);
+		u -= u64(in, 2);
 		break;
 	default:
-		*t = (int64_t)u64(in, 8);
+		u = u64(in, 8);
 		break;
 	}
+	*t = (int64_t)u;
 	return *t;
 }
 
