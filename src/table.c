@@ -264,17 +264,18 @@ static bool void_claim(struct tbt_counters *k, struct tbt_slot *s, uint64_t clai
 	return true;
 }
 
-/* What a slot is worth to a new key. */
 /*
- * What a slot is worth to a new key, best first: an empty slot, in the
- * emptier bucket first (two choices balance only so); then one whose key
- * is full (reused without loss); then one whose key is not
+ * What a slot is worth to a new key, best first.  A slot that is empty or
+ * holds a full key is free (a full bucket is indistinguishable from a new
+ * one, so it is reused without loss): free slots rank by how many slots of
+ * their bucket hold live keys (not full) or claims, 0 to 3, so that the
+ * two choices balance the live keys whatever earlier keys left behind;
+ * among equals, an empty slot before a full key's.  Then a live key's slot
  * (TOKENBUCKET_TABLE_EVICT only); claimed slots are worth nothing.
  */
 enum tbt_worth {
-	TBT_FREE = 0, /* + the slots of its bucket in use, 0 to 3 */
-	TBT_LOSSLESS = TBT_BUCKET_SLOTS,
-	TBT_LOSSY,
+	TBT_FREE = 0, /* + 2 * live slots of its bucket, + 1 for a full key's */
+	TBT_LOSSY = 2 * TBT_BUCKET_SLOTS,
 	TBT_BUSY,
 };
 
@@ -338,11 +339,15 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		uint64_t best_st = 0, best_fp = 0, busy_st = 0;
 		bool pending = false;
 		uint64_t sts[TBT_CANDIDATES], fps[TBT_CANDIDATES];
-		int in_use[2] = {0, 0};
+		bool full[TBT_CANDIDATES];
+		int live[2] = {0, 0};
 		for (int i = 0; i < c->nc; i++) {
 			sts[i] = atomic_load(&cand(c, i)->state);
 			fps[i] = atomic_load(&cand(c, i)->fp);
-			in_use[i / TBT_BUCKET_SLOTS] += !st_empty(sts[i]) || st_claimed(sts[i]);
+			full[i] = !st_claimed(sts[i]) && !st_empty(sts[i]) &&
+				  full_at(t, c->origin, c->at, st_tail(sts[i]));
+			live[i / TBT_BUCKET_SLOTS] +=
+				st_claimed(sts[i]) || (!st_empty(sts[i]) && !full[i]);
 		}
 		for (int i = 0; i < c->nc; i++) {
 			struct tbt_slot *s = cand(c, i);
@@ -354,15 +359,15 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 				busy_st = st;
 				continue;
 			}
-			if (st_empty(st)) {
-				w = (enum tbt_worth)(TBT_FREE + in_use[i / TBT_BUCKET_SLOTS]);
-			} else if (f == fp_for(c->fp, st)) {
+			if (!st_empty(st) && f == fp_for(c->fp, st)) {
 				*state = st; /* someone else inserted it */
 				return s;
-			} else {
-				w = full_at(t, c->origin, c->at, st_tail(st)) ? TBT_LOSSLESS
-									      : TBT_LOSSY;
 			}
+			if (st_empty(st) || full[i])
+				w = (enum tbt_worth)(TBT_FREE + 2 * live[i / TBT_BUCKET_SLOTS] +
+						     full[i]);
+			else
+				w = TBT_LOSSY;
 			/* The best worth; among equals the fullest (smallest tail). */
 			if (best < 0 || w < worth || (w == worth && st_tail(st) < st_tail(best_st))) {
 				best = i;
@@ -400,8 +405,8 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		if (!atomic_compare_exchange_strong(&s->state, &best_st, claimed))
 			continue;
 		/* One counter per insert: a key replaced leaves the keys in use as they are. */
-		if (worth >= TBT_LOSSLESS)
-			atomic_fetch_add_explicit(worth == TBT_LOSSLESS ? &k->lossless : &k->lossy, 1,
+		if (!st_empty(best_st))
+			atomic_fetch_add_explicit(worth < TBT_LOSSY ? &k->lossless : &k->lossy, 1,
 						  memory_order_relaxed);
 		/*
 		 * The fingerprint changes only from the value read before the
