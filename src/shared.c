@@ -284,7 +284,10 @@ static void recover(struct tokenbucket *tb)
 /*
  * Locks m, waiting at most TB__LOCK_WAIT_NS: 0, EOWNERDEAD, or the error.
  * A lock word holding a thread id that no live holder wrote would make
- * pthread_mutex_lock wait for ever.
+ * pthread_mutex_lock wait for ever.  pthread_mutex_timedlock measures the
+ * wait on CLOCK_REALTIME (a step of the wall clock lengthens or shortens
+ * it by as much); pthread_mutex_clocklock would take CLOCK_MONOTONIC, but
+ * it is newer (glibc 2.30) and ThreadSanitizer does not see it lock.
  */
 static int lock_bounded(pthread_mutex_t *m)
 {
@@ -292,11 +295,11 @@ static int lock_bounded(pthread_mutex_t *m)
 	if (err != EBUSY)
 		return err;
 	struct timespec until;
-	clock_gettime(CLOCK_MONOTONIC, &until);
+	clock_gettime(CLOCK_REALTIME, &until);
 	int64_t ns = until.tv_nsec + TB__LOCK_WAIT_NS % 1000000000;
 	until.tv_sec += TB__LOCK_WAIT_NS / 1000000000 + ns / 1000000000;
 	until.tv_nsec = ns % 1000000000;
-	return pthread_mutex_clocklock(m, CLOCK_MONOTONIC, &until);
+	return pthread_mutex_timedlock(m, &until);
 }
 
 int tb__writer_lock(struct tokenbucket *tb)
