@@ -19,7 +19,6 @@
  * Built with -DFUZZ_REPLAY_MAIN it gets a main() that replays files and
  * directories without libFuzzer and writes the seed corpus (--make-seeds).
  */
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -30,6 +29,10 @@
 #include <string.h>
 
 #include <tokenbucket.h>
+
+#ifdef FUZZ_REPLAY_MAIN
+#include "replay.h"
+#endif
 
 /* Rounds of loops over shared words one call may take: far above any valid bucket's few. */
 #define ROUNDS_LIMIT 100000
@@ -384,68 +387,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifdef FUZZ_REPLAY_MAIN
 /* ---- Replay and seed generation without libFuzzer ------------------------ */
 
-static int replay_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (f == NULL) {
-		fprintf(stderr, "%s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	uint8_t *buf = malloc(65536);
-	if (buf == NULL)
-		abort();
-	size_t len = fread(buf, 1, 65536, f);
-	fclose(f);
-	LLVMFuzzerTestOneInput(buf, len);
-	free(buf);
-	return 0;
-}
-
-static int cmp_names(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* A file, or every regular file in a directory (not recursive), in name order. */
-static int replay(const char *path, int *count)
-{
-	DIR *d = opendir(path);
-	if (d == NULL) {
-		int err = replay_file(path);
-		if (err == 0)
-			(*count)++;
-		return err;
-	}
-	char **names = NULL;
-	size_t n = 0, cap = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL) {
-		if (e->d_name[0] == '.')
-			continue;
-		if (n == cap) {
-			cap = cap ? 2 * cap : 64;
-			names = realloc(names, cap * sizeof(*names));
-			if (names == NULL)
-				abort();
-		}
-		names[n++] = strdup(e->d_name);
-	}
-	closedir(d);
-	qsort(names, n, sizeof(*names), cmp_names);
-	int err = 0;
-	for (size_t i = 0; i < n; i++) {
-		char full[4096];
-		snprintf(full, sizeof(full), "%s/%s", path, names[i]);
-		if (replay_file(full) < 0)
-			err = -1;
-		else
-			(*count)++;
-		free(names[i]);
-	}
-	free(names);
-	return err;
-}
-
 /* Calls every seed runs after its image: each op of its kind, with plain arguments. */
 static size_t seed_calls(uint8_t *p, bool table)
 {
@@ -572,18 +513,6 @@ static int make_seeds(const char *dir)
 
 int main(int argc, char **argv)
 {
-	if (argc == 3 && strcmp(argv[1], "--make-seeds") == 0)
-		return make_seeds(argv[2]);
-	if (argc < 2) {
-		fprintf(stderr, "usage: %s FILE|DIR...\n       %s --make-seeds DIR\n", argv[0],
-			argv[0]);
-		return 2;
-	}
-	int count = 0, err = 0;
-	for (int i = 1; i < argc; i++)
-		if (replay(argv[i], &count) < 0)
-			err = 1;
-	printf("%d input(s) replayed\n", count);
-	return err;
+	return fuzz_replay_main(argc, argv, make_seeds, false, "");
 }
 #endif
