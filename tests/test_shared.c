@@ -706,6 +706,42 @@ static void storm_child(const char *name, struct storm *s, bool changer, unsigne
 	}
 }
 
+
+/*
+ * A reset killed after its freeze on a bucket that has seen no time: the
+ * repair publishes the frozen regime again, with no origin, in slot 1.  The
+ * next call that passes a time fixes that slot's origin (1.1 fixed only
+ * slot 0's, and every call then looped).
+ */
+START_TEST(dead_reset_before_first_time)
+{
+	char name[64];
+	struct tokenbucket *tb = fresh(name, "deadreset", 1, MS, 10);
+	ck_assert_int_eq(atomic_load(&tb->clock), TB__NO_TIME);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		/* reset_at's first steps: the lock, the freeze, the clock. */
+		pthread_mutex_lock(&tb->writer);
+		atomic_store(&tb->frozen_at, TB__NO_TIME);
+		atomic_fetch_add(&tb->gen, 1);
+		atomic_store(&tb->clock, SEC);
+		raise(SIGKILL);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFSIGNALED(st));
+	/* The take repairs (gen 2: slot 1, no origin), then fixes the origin at 2 s. */
+	ck_assert(tokenbucket_allow_at(tb, 2 * SEC, 10));
+	ck_assert_uint_eq(atomic_load(&tb->gen), 2);
+	ck_assert_int_eq(atomic_load(&tb->slot[1].origin), 2 * SEC);
+	ck_assert(!tokenbucket_allow_at(tb, 2 * SEC, 1));
+	ck_assert_tokens(tokenbucket_tokens_at(tb, 2 * SEC + 3 * MS), 3);
+	ck_assert_uint_eq(atomic_load(&tb->corrupt), 0);
+	done(tb, name);
+}
+END_TEST
+
 START_TEST(sigkill_storm)
 {
 	char name[64];
@@ -1084,6 +1120,7 @@ Suite *shared_suite(void)
 	tc = tcase_create("crashes");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, dead_writer_recovered);
+	tcase_add_test(tc, dead_reset_before_first_time);
 	tcase_add_test(tc, sigkill_storm);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("corrupt");
