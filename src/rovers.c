@@ -122,7 +122,9 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 		uint64_t tail = atomic_load(&tb->tail);
 		for (;;) {
 			TB__ROUND();
-			int64_t excess = tb__level(atomic_load(&tb->ceil), tail) - (int64_t)burst;
+			/* Wide: a corrupt shared bucket may hold any ceil - tail. */
+			tb__i128 excess =
+				(tb__i128)tb__level(atomic_load(&tb->ceil), tail) - (tb__i128)burst;
 			if (excess <= 0)
 				break;
 			if (atomic_compare_exchange_weak(&tb->tail, &tail, tail + (uint64_t)excess)) {
