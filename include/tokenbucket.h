@@ -318,14 +318,20 @@ TOKENBUCKET_API int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t 
  *  -ENOTSUP   8-byte atomics are not lock-free (or not address-free) here, or
  *             the system has no process-shared robust mutexes;
  *  -EBADMSG   the memory or object is not a bucket: no magic, too small
- *             (truncated), or a state no bucket can be in;
+ *             (truncated), not a regular file, a state no bucket can be in,
+ *             or a bucket marked corrupt (below);
  *  -EPROTO    a bucket of another layout: another layout version, state
  *             size or alignment, or library major version;
  *  -EAGAIN    a bucket whose initialisation has not finished (or died).
- * On a shared bucket, the writers (set_*, reset_at) may also return the
- * negated error of pthread_mutex_lock(3); only ENOTRECOVERABLE is possible,
- * and only if a process unlocked the writer mutex of a dead holder without
- * repairing, which this library never does.
+ * Shared memory is input (since 1.2.0): whatever bytes it holds, every call
+ * returns, with no signal and no write outside the bucket; a corrupt bucket
+ * may answer wrongly.  A call that finds words no bucket can hold (a loop
+ * that cannot make progress, a writer mutex that fails to lock) marks the
+ * bucket corrupt: its writers then return -EBADMSG, calls that cannot take
+ * their fast path fail (false, NaN, -EBADMSG, a grab that takes nothing),
+ * and attach refuses it.  Writers wait for the writer lock at most 2 s,
+ * then return -EDEADLK (its holder is stopped, or its lock word was
+ * overwritten).
  */
 
 /* Bytes a shared bucket needs (a header and the state). */

@@ -21,10 +21,12 @@ static bool allow_slow(struct tokenbucket *tb, int64_t now, uint64_t n)
 	struct tb__view v;
 	int64_t at;
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
-	tb__enter(tb, now, &v, &at, false);
+	if (!tb__enter(tb, now, &v, &at, false))
+		return false;
 	if (inf)
 		return true;
 	for (;;) {
+		TB__ROUND();
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 		uint64_t base;
 		if (!tb__take_fast(&v, head, tail, burst, at, n, &base)) {
@@ -36,7 +38,8 @@ static bool allow_slow(struct tokenbucket *tb, int64_t now, uint64_t n)
 			uint64_t again = atomic_load_explicit(&tb->tail, memory_order_acquire);
 			int64_t seen = atomic_load(&tb->clock);
 			if (seen > at) {
-				tb__enter(tb, seen, &v, &at, false);
+				if (!tb__enter(tb, seen, &v, &at, false))
+					return false;
 				tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 				continue;
 			}
@@ -97,7 +100,8 @@ static int reserve_slow(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t
 	struct tb__view v;
 	int64_t at;
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
-	tb__enter(tb, now, &v, &at, false);
+	if (!tb__enter(tb, now, &v, &at, false))
+		return -EBADMSG;
 	if (inf) {
 		/* Nothing is taken, so there is nothing to give back: tokens is 0. */
 		*r = (struct tokenbucket_reservation){
@@ -108,6 +112,7 @@ static int reserve_slow(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t
 		return 0;
 	}
 	for (;;) {
+		TB__ROUND();
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 		int64_t level = (int64_t)n;
 		uint64_t base;
@@ -115,18 +120,20 @@ static int reserve_slow(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t
 		if (!tb__take_fast(&v, head, tail, burst, at, n, &base))
 			base = tb__take_base(&v, head, tail, burst, at, &level);
 		uint64_t after = base + n;
-		int64_t debt = (int64_t)n - level;
+		/* Wide: a corrupt shared bucket may hold any level. */
+		tb__i128 debt = (tb__i128)n - level;
 		int64_t act = at, wait = 0;
 		int err = 0;
 		if (debt > 0) {
 			/* The debt is about the time a drop in this tail was made at, at least. */
 			int64_t seen = atomic_load(&tb->clock);
 			if (seen > at) {
-				tb__enter(tb, seen, &v, &at, false);
+				if (!tb__enter(tb, seen, &v, &at, false))
+					return -EBADMSG;
 				tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 				continue;
 			}
-			if ((uint64_t)debt > TOKENBUCKET_DEBT_MAX) {
+			if (debt > (tb__i128)TOKENBUCKET_DEBT_MAX) {
 				err = -EOVERFLOW;
 			} else {
 				/* When P has made debt more tokens than it had at "at". */
@@ -201,9 +208,8 @@ static void cancel_slow(struct tokenbucket *tb, int64_t now, int64_t time_to_act
 {
 	struct tb__view v;
 	int64_t at;
-	tb__enter(tb, now, &v, &at, true);
-	if (at > time_to_act)
-		return; /* too late: the tokens were used */
+	if (!tb__enter(tb, now, &v, &at, true) || at > time_to_act)
+		return; /* a corrupt bucket, or too late: the tokens were used */
 	tb__give_back(tb, &v, at, n);
 }
 
@@ -251,13 +257,15 @@ double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
 		return NAN;
 	struct tb__view v;
 	int64_t at;
-	tb__enter(tb, now, &v, &at, true);
+	if (!tb__enter(tb, now, &v, &at, true))
+		return NAN;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	if (tb__unlimited(tb))
 		return (double)burst;
 	uint64_t tail = atomic_load(&tb->tail), head;
 	tb__i128 raw;
 	for (;;) {
+		TB__ROUND();
 		head = atomic_load(&tb->head);
 		raw = tb__raw_level(&v, head, tail, at);
 		uint64_t again = atomic_load(&tb->tail);

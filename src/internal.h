@@ -13,6 +13,7 @@
 #include <stdalign.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <time.h>
 
@@ -90,6 +91,12 @@ struct tokenbucket {
 	_Atomic uint32_t kind;             /* enum tb__kind of the current regime */
 	uint32_t flags;                    /* TOKENBUCKET_CAPPED_RELEASE; fixed at create */
 	_Atomic int64_t ceiled;            /* capped release: production up to here met ceil */
+	/*
+	 * Nonzero once a call found words no bucket can hold (docs/DESIGN.md,
+	 * "Corrupt mappings"): the slow paths and writers then fail at once,
+	 * and attach refuses the bucket.  Zero in every bucket 1.1 made.
+	 */
+	_Atomic uint64_t corrupt;
 
 	/*
 	 * Line 1: read by every take, written only by writers, so it stays
@@ -104,6 +111,44 @@ struct tokenbucket {
 	/* Writers only: set_*, reset_at, and a take that must re-anchor. */
 	alignas(64) pthread_mutex_t writer;
 };
+
+_Static_assert(sizeof(struct tokenbucket) == 320 &&
+		       offsetof(struct tokenbucket, gen) == 64 &&
+		       offsetof(struct tokenbucket, writer) == 256,
+	       "the shared layout (TB__LAYOUT 1) does not move");
+
+/*
+ * Rounds a retry loop that reads shared words may take before it gives up
+ * on the bucket.  In a bucket no process is rewriting, every such loop
+ * ends in a few rounds; racing writers may make a call retry, each retry
+ * being their progress, and this many in a row do not happen in practice.
+ */
+#define TB__ROUNDS_MAX 1000
+
+/*
+ * TB__ROUND() marks one round of a loop that reads shared words.  The
+ * mapping fuzzer's build defines TB__FUZZ_ROUNDS and counts them (a
+ * watchdog in rounds, not in time); other builds compile it to nothing.
+ */
+#ifdef TB__FUZZ_ROUNDS
+void tb__fuzz_round(void);
+#define TB__ROUND() tb__fuzz_round()
+#else
+#define TB__ROUND() ((void)0)
+#endif
+
+/* Whether a call found the bucket corrupt (see struct tokenbucket). */
+static inline bool tb__is_corrupt(const struct tokenbucket *tb)
+{
+	return atomic_load_explicit(&tb->corrupt, memory_order_relaxed) != 0;
+}
+
+/* Marks the bucket corrupt for every process that maps it; returns false for the caller. */
+static inline bool tb__give_up(struct tokenbucket *tb)
+{
+	atomic_store_explicit(&tb->corrupt, 1, memory_order_relaxed);
+	return false;
+}
 
 /* ---- ratio.c: exact arithmetic of a regime ------------------------------- */
 
@@ -157,9 +202,23 @@ void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at);
 /* ---- shared.c: buckets in shared memory --------------------------------- */
 
 /*
+ * The longest a writer waits for tb->writer.  Holders keep it for a few
+ * microseconds of bounded work, so a wait this long means a stopped holder
+ * or a lock word that no live holder wrote; the fuzzer's build shortens it.
+ */
+#ifndef TB__LOCK_WAIT_NS
+#define TB__LOCK_WAIT_NS INT64_C(2000000000)
+#endif
+
+/*
  * Takes tb->writer.  On a shared bucket whose last holder died holding it
  * (EOWNERDEAD), first repairs what that writer left half done, then marks
- * the mutex consistent (docs/DESIGN.md, "Crashes").  0 or a negative errno.
+ * the mutex consistent (docs/DESIGN.md, "Crashes"); a regime found frozen
+ * with the lock taken is repaired the same way (no live writer froze it).
+ * 0, -EBADMSG for a corrupt bucket or a mutex that fails to lock
+ * (ENOTRECOVERABLE, EINVAL: marked corrupt), or -EDEADLK when the lock is
+ * not released within TB__LOCK_WAIT_NS (a stopped holder, or a lock word
+ * no live holder wrote).
  */
 int tb__writer_lock(struct tokenbucket *tb);
 /*
@@ -204,9 +263,10 @@ int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen);
 void tb__publish(struct tokenbucket *tb, const struct tb__view *n);
 /*
  * Past the view's horizon: under the writer lock, drops what is above burst
- * and moves the origin forward.  The caller takes its view again.
+ * and moves the origin forward.  The caller takes its view again.  0, or
+ * the negative errno of tb__writer_lock.
  */
-void tb__normalize(struct tokenbucket *tb, int64_t at);
+int tb__normalize(struct tokenbucket *tb, int64_t at);
 /* tb__normalize for a caller that holds the writer lock. */
 void tb__normalize_locked(struct tokenbucket *tb, int64_t at);
 /*
@@ -277,6 +337,7 @@ static inline __attribute__((always_inline)) bool tb__load_regime(const struct t
 static inline void tb__view(const struct tokenbucket *tb, struct tb__view *v)
 {
 	for (;;) {
+		TB__ROUND();
 		bool stable = tb__load_regime(tb, v);
 		v->until = stable ? TOKENBUCKET_NEVER
 				  : atomic_load_explicit(&tb->frozen_at, memory_order_relaxed);
@@ -355,8 +416,10 @@ static inline bool tb__past_horizon(const struct tb__view *v, int64_t t)
  * The regime is read again after the clock: if a writer froze or changed it
  * meanwhile, the view is taken again.  A time past the horizon normalizes
  * the bucket first.  The usual case is inline; the rest is tb__enter_slow.
+ * False when the bucket is corrupt (or its writer lock cannot be taken to
+ * normalize it): the call fails, with -EBADMSG where it returns an errno.
  */
-void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
+bool tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
 		    bool drop);
 
 /* Whether the bucket holds more than burst at t (no division). */
@@ -367,7 +430,7 @@ static inline bool tb__over_burst(const struct tokenbucket *tb, const struct tb_
 	return e > (int64_t)burst || tb__fine_at(v, t) >= (tb__u128)(burst + 1 - (uint64_t)e) * v->q;
 }
 
-static inline __attribute__((always_inline)) void
+static inline __attribute__((always_inline)) bool
 tb__enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at, bool drop)
 {
 	tb__view(tb, v);
@@ -385,31 +448,35 @@ tb__enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at, 
 	*at = seen;
 	if (drop && tb__over_burst(tb, v, seen))
 		tb__drop(tb, v, seen, atomic_load_explicit(&tb->burst, memory_order_relaxed));
-	return;
+	return true;
 slow:
-	tb__enter_slow(tb, now, v, at, drop);
+	return tb__enter_slow(tb, now, v, at, drop);
 }
 
 /*
  * The view at the clock, normalized first if the clock passed its horizon;
- * returns the clock.  With capped release it also loses what ceil holds
+ * the clock goes to *at.  False as tb__enter_slow.  With capped release it also loses what ceil holds
  * back at the clock: the clock's mover does that only after its clock CAS,
  * and production above ceil read in between would look like tokens above
  * burst (a grab would drop them with ceil left behind, a give-back would
  * find no room), shrinking the bucket's room for good.
  */
-static inline __attribute__((always_inline)) int64_t tb__view_at_clock(struct tokenbucket *tb,
-									struct tb__view *v)
+static inline __attribute__((always_inline)) bool
+tb__view_at_clock(struct tokenbucket *tb, struct tb__view *v, int64_t *at)
 {
-	for (;;) {
+	for (int round = 0;; round++) {
 		tb__view(tb, v);
-		int64_t at = atomic_load(&tb->clock);
-		if (__builtin_expect(at == TB__NO_TIME || !tb__past_horizon(v, at), 1)) {
+		*at = atomic_load(&tb->clock);
+		if (__builtin_expect(*at == TB__NO_TIME || !tb__past_horizon(v, *at), 1)) {
 			if (tb__capped(tb))
-				tb__cap_to_ceil(tb, v, at);
-			return at;
+				tb__cap_to_ceil(tb, v, *at);
+			return true;
 		}
-		tb__normalize(tb, at);
+		/* Each normalization moves the horizon past the clock, unless the words forbid it. */
+		if (round == TB__ROUNDS_MAX)
+			return tb__give_up(tb);
+		if (tb__normalize(tb, *at))
+			return false;
 	}
 }
 

@@ -108,20 +108,26 @@ void tokenbucket_free(struct tokenbucket *tb)
 	free(tb);
 }
 
-/* tb__enter for a writer, which holds the lock that normalizing takes. */
-static int64_t writer_enter(struct tokenbucket *tb, int64_t now, struct tb__view *v)
+/*
+ * tb__enter for a writer, which holds the lock that normalizing takes:
+ * the effective time goes to *at.  Normalizing moves the horizon past it
+ * in a round or two; false (the bucket marked corrupt) if the words keep
+ * it from doing so.
+ */
+static bool writer_enter(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at)
 {
-	int64_t at;
-	for (;;) {
+	for (int round = 0;; round++) {
+		if (round == TB__ROUNDS_MAX)
+			return tb__give_up(tb);
 		tb__view(tb, v);
-		at = tb__observe(tb, now);
-		if (!tb__past_horizon(v, at))
+		*at = tb__observe(tb, now);
+		if (!tb__past_horizon(v, *at))
 			break;
-		tb__normalize_locked(tb, at);
+		tb__normalize_locked(tb, *at);
 	}
 	if (tb__capped(tb))
-		tb__cap_to_ceil(tb, v, at);
-	return at;
+		tb__cap_to_ceil(tb, v, *at);
+	return true;
 }
 
 /*
@@ -133,6 +139,7 @@ void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at)
 	uint64_t burst = atomic_load(&tb->burst);
 	uint64_t head = atomic_load(&tb->head);
 	for (;;) {
+		TB__ROUND();
 		tb__i128 raw = tb__raw_level(v, head, atomic_load(&tb->tail), at);
 		tb__i128 room = (tb__i128)burst - raw;
 		if (tb__capped(tb)) {
@@ -146,12 +153,17 @@ void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at)
 	}
 }
 
-/* Switches to a new rate at the latest time seen, at least now (see the top). */
-static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind, uint64_t p,
-			uint64_t q)
+/*
+ * Switches to a new rate at the latest time seen, at least now (see the
+ * top).  0, or -EBADMSG for a corrupt bucket.
+ */
+static int change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind, uint64_t p,
+		       uint64_t q)
 {
 	struct tb__view old;
-	int64_t at = writer_enter(tb, now, &old);
+	int64_t at;
+	if (!writer_enter(tb, now, &old, &at))
+		return -EBADMSG;
 	tb__drop(tb, &old, at, atomic_load(&tb->burst));
 	atomic_store(&tb->frozen_at, at);
 	atomic_store(&tb->gen, old.gen + 1);
@@ -181,6 +193,7 @@ static void change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind,
 		n.until = TOKENBUCKET_NEVER;
 		tb__fill(tb, &n, at);
 	}
+	return 0;
 }
 
 int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate)
@@ -192,9 +205,9 @@ int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate)
 	int err = tb__writer_lock(tb);
 	if (err)
 		return err;
-	change_rate(tb, now, kind, p, q);
+	err = change_rate(tb, now, kind, p, q);
 	pthread_mutex_unlock(&tb->writer);
-	return 0;
+	return err;
 }
 
 int tokenbucket_set_rate(struct tokenbucket *tb, double rate)
@@ -212,9 +225,9 @@ int tokenbucket_set_rate_every_at(struct tokenbucket *tb, int64_t now, uint64_t 
 	int err = tb__writer_lock(tb);
 	if (err)
 		return err;
-	change_rate(tb, now, kind, p, q);
+	err = change_rate(tb, now, kind, p, q);
 	pthread_mutex_unlock(&tb->writer);
-	return 0;
+	return err;
 }
 
 int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst)
@@ -227,7 +240,11 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 	if (err)
 		return err;
 	struct tb__view v;
-	int64_t at = writer_enter(tb, now, &v);
+	int64_t at;
+	if (!writer_enter(tb, now, &v, &at)) {
+		pthread_mutex_unlock(&tb->writer);
+		return -EBADMSG;
+	}
 	/* What lies above the old burst was lost at that burst: a higher one does not bring it back. */
 	uint64_t old = atomic_load(&tb->burst);
 	tb__drop(tb, &v, at, old);
@@ -285,6 +302,7 @@ int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens)
 	 */
 	uint64_t tail = atomic_load(&tb->tail), head;
 	for (;;) {
+		TB__ROUND();
 		head = atomic_load(&tb->head);
 		int64_t level = tb__capped_level(tb__raw_level(&old, head, tail, seen), burst);
 		if (level <= (int64_t)tokens)

@@ -27,9 +27,9 @@ void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst
 	else if (n > burst)
 		res->retry_after_ns = TOKENBUCKET_NEVER;
 	else
-		res->retry_after_ns = until(v, at, (uint64_t)((int64_t)n - level));
-	res->reset_after_ns =
-		level >= (int64_t)burst ? 0 : until(v, at, (uint64_t)((int64_t)burst - level));
+		res->retry_after_ns = until(v, at, n - (uint64_t)level);
+	/* Unsigned: below n and burst (so below 2^64 even from a debt a corrupt bucket holds). */
+	res->reset_after_ns = level >= (int64_t)burst ? 0 : until(v, at, burst - (uint64_t)level);
 }
 
 int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t now, uint64_t n,
@@ -50,13 +50,16 @@ int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t now, uint64_t n,
 		return 0;
 	}
 	struct tb__view v;
-	int64_t at = tb__view_at_clock(tb, &v);
+	int64_t at;
+	if (!tb__view_at_clock(tb, &v, &at))
+		return -EBADMSG;
 	int64_t level = (int64_t)burst;
 	{
 		/* The level with the tail it belongs to, as tokens_at reads it. */
 		uint64_t tail = atomic_load(&tb->tail);
 		tb__i128 raw;
 		for (;;) {
+			TB__ROUND();
 			uint64_t head = atomic_load(&tb->head);
 			raw = tb__raw_level(&v, head, tail, at);
 			uint64_t again = atomic_load(&tb->tail);

@@ -36,20 +36,29 @@ void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
 	atomic_store(&tb->gen, next);
 }
 
-/* The first caller that passes a time fixes the origin of regime 0. */
+/*
+ * The first caller that passes a time fixes the origin of the regime in
+ * force: regime 0's, or one that a writer killed in a reset of a bucket
+ * with no time seen left to be published again with no origin (recover in
+ * shared.c).  A slot is rewritten only two regimes later, by a writer that
+ * fixed the origin first, so a CAS from "no time" meets no other regime.
+ */
 static void fix_origin(struct tokenbucket *tb, int64_t now)
 {
-	struct tb__slot *s = &tb->slot[0];
+	uint64_t gen = atomic_load(&tb->gen);
+	struct tb__slot *s = &tb->slot[(gen >> 1) & 1];
 	int64_t unset = TB__NO_TIME;
 	if (!atomic_compare_exchange_strong(&s->origin, &unset, now))
 		return; /* a writer started a regime of its own first */
 	/* Until this store the limit keeps readers on the slow path. */
-	atomic_store(&s->limit, tb__limit(now, atomic_load(&s->p), atomic_load(&s->q), 0));
+	atomic_store(&s->limit, tb__limit(now, atomic_load(&s->p), atomic_load(&s->q),
+					  atomic_load(&s->fine0)));
 }
 
 int64_t tb__observe_later(struct tokenbucket *tb, int64_t now, int64_t seen)
 {
 	while (now > seen) {
+		TB__ROUND();
 		if (atomic_compare_exchange_weak(&tb->clock, &seen, now)) {
 			if (seen == TB__NO_TIME)
 				fix_origin(tb, now);
@@ -63,6 +72,7 @@ uint64_t tb__drop(struct tokenbucket *tb, const struct tb__view *v, int64_t at, 
 {
 	uint64_t tail = atomic_load(&tb->tail);
 	for (;;) {
+		TB__ROUND();
 		uint64_t head = atomic_load(&tb->head);
 		/* Nothing above burst, the usual case: decided with no division. */
 		if (!tb__level_at_least(v, tb__level(head + v->hoff, tail), at, (tb__i128)burst + 1))
@@ -111,7 +121,10 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 		 */
 		uint64_t tail = atomic_load(&tb->tail);
 		for (;;) {
-			int64_t excess = tb__level(atomic_load(&tb->ceil), tail) - (int64_t)burst;
+			TB__ROUND();
+			/* Wide: a corrupt shared bucket may hold any ceil - tail. */
+			tb__i128 excess =
+				(tb__i128)tb__level(atomic_load(&tb->ceil), tail) - (tb__i128)burst;
 			if (excess <= 0)
 				break;
 			if (atomic_compare_exchange_weak(&tb->tail, &tail, tail + (uint64_t)excess)) {
@@ -127,6 +140,7 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 		 */
 		uint64_t tail = atomic_load(&tb->tail);
 		for (;;) {
+			TB__ROUND();
 			uint64_t head = atomic_load(&tb->head);
 			tb__i128 excess = tb__raw_level(&v, head, tail, at) - (tb__i128)burst;
 			if (excess <= 0)
@@ -147,13 +161,14 @@ void tb__normalize_locked(struct tokenbucket *tb, int64_t at)
 	tb__publish(tb, &n);
 }
 
-void tb__normalize(struct tokenbucket *tb, int64_t at)
+int tb__normalize(struct tokenbucket *tb, int64_t at)
 {
-	/* Fails only on a mutex made unrecoverable behind the library's back. */
-	if (tb__writer_lock(tb))
-		return;
+	int err = tb__writer_lock(tb);
+	if (err)
+		return err;
 	tb__normalize_locked(tb, at);
 	pthread_mutex_unlock(&tb->writer);
+	return 0;
 }
 
 bool tb__cap_to_ceil(struct tokenbucket *tb, const struct tb__view *v, int64_t t)
@@ -162,6 +177,7 @@ bool tb__cap_to_ceil(struct tokenbucket *tb, const struct tb__view *v, int64_t t
 	uint64_t head = atomic_load_explicit(&tb->head, memory_order_relaxed);
 	bool lowered = false;
 	while (from < t) {
+		TB__ROUND();
 		/*
 		 * Production since "from" that would lift the head at t above
 		 * ceil is lost; a head already above ceil (a burst lowered below
@@ -187,10 +203,20 @@ bool tb__cap_to_ceil(struct tokenbucket *tb, const struct tb__view *v, int64_t t
 	return lowered;
 }
 
-void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
+bool tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int64_t *at,
 		    bool drop)
 {
-	for (;;) {
+	/*
+	 * Each round either finds the regime usable or does what makes it so
+	 * (repairs a dead writer's freeze, fixes the origin, normalizes), or
+	 * another thread changed it meanwhile: in a bucket no one rewrites,
+	 * a few rounds.  More mean words that no bucket holds.
+	 */
+	for (int round = 0;; round++) {
+		if (round == TB__ROUNDS_MAX)
+			return tb__give_up(tb);
+		if (tb__is_corrupt(tb))
+			return false;
 		tb__view(tb, v);
 		/* A frozen regime whose writer died produces nothing until repaired. */
 		if (v->gen & 1)
@@ -208,7 +234,8 @@ void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int
 		if (atomic_load(&tb->gen) != v->gen)
 			continue;
 		if (tb__past_horizon(v, *at)) {
-			tb__normalize(tb, *at);
+			if (tb__normalize(tb, *at))
+				return false;
 			continue;
 		}
 		break;
@@ -217,6 +244,7 @@ void tb__enter_slow(struct tokenbucket *tb, int64_t now, struct tb__view *v, int
 		tb__cap_to_ceil(tb, v, *at);
 	if (drop)
 		tb__drop(tb, v, *at, atomic_load_explicit(&tb->burst, memory_order_relaxed));
+	return true;
 }
 
 /* Raises ceil by up to n, never past tail + burst (nothing can be in flight beyond that). */
@@ -225,6 +253,7 @@ uint64_t tb__raise_ceil(struct tokenbucket *tb, uint64_t n)
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	uint64_t ceil = atomic_load_explicit(&tb->ceil, memory_order_relaxed);
 	for (;;) {
+		TB__ROUND();
 		uint64_t limit = atomic_load(&tb->tail) + burst;
 		int64_t room = tb__level(limit, ceil);
 		if (room <= 0)
@@ -243,6 +272,7 @@ uint64_t tb__give_back(struct tokenbucket *tb, const struct tb__view *v, int64_t
 	if (n == 0)
 		return 0;
 	for (;;) {
+		TB__ROUND();
 		/* The room under burst at t; all of n fits is decided with no division. */
 		uint64_t tail = atomic_load(&tb->tail);
 		add = n;

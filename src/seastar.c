@@ -17,8 +17,11 @@ static uint64_t grab_slow(struct tokenbucket *tb, uint64_t n)
 		return tail;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	struct tb__view v;
-	int64_t at = tb__view_at_clock(tb, &v);
+	int64_t at;
+	if (!tb__view_at_clock(tb, &v, &at))
+		return tail; /* a corrupt bucket: nothing taken */
 	for (;;) {
+		TB__ROUND();
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
 		/* The most a grab may take keeps the debt within DEBT_MAX. */
 		int64_t level;
@@ -66,6 +69,7 @@ static uint64_t deficiency_slow(const struct tokenbucket *tb, uint64_t ticket)
 	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
 	int64_t level;
 	for (;;) {
+		TB__ROUND();
 		/* ceiled before head: a cap that lowered head moved ceiled after. */
 		int64_t from = tb__capped(tb) ? atomic_load(&tb->ceiled) : 0;
 		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
@@ -145,7 +149,7 @@ void tokenbucket_replenish(struct tokenbucket *tb, int64_t now)
 	if (made == 0 || made < threshold)
 		return;
 	int64_t at;
-	tb__enter(tb, now, &v, &at, true);
+	tb__enter(tb, now, &v, &at, true); /* a corrupt bucket is left as it is */
 }
 
 int tokenbucket_release(struct tokenbucket *tb, uint64_t n)
@@ -165,7 +169,9 @@ void tokenbucket_refund(struct tokenbucket *tb, uint64_t n)
 	if (tb == NULL || tb__unlimited(tb))
 		return;
 	struct tb__view v;
-	tb__give_back(tb, &v, tb__view_at_clock(tb, &v), n);
+	int64_t at;
+	if (tb__view_at_clock(tb, &v, &at))
+		tb__give_back(tb, &v, at, n);
 }
 
 int64_t tokenbucket_duration_for(const struct tokenbucket *tb, uint64_t tokens)

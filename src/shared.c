@@ -162,9 +162,48 @@ static bool regime_valid(const struct tokenbucket *tb)
 {
 	struct tb__view v;
 	tb__view(tb, &v);
-	if (v.kind == TB__FINITE)
-		return v.p >= 1 && v.q >= 1 && v.fine0 < v.q;
-	return (v.kind == TB__ZERO || v.kind == TB__INF) && v.p == 0 && v.q == 1 && v.fine0 == 0;
+	if (v.kind == TB__FINITE) {
+		if (v.p == 0 || v.q == 0 || v.fine0 >= v.q)
+			return false;
+	} else if ((v.kind != TB__ZERO && v.kind != TB__INF) || v.p != 0 || v.q != 1 ||
+		   v.fine0 != 0) {
+		return false;
+	}
+	/*
+	 * The horizon the fast paths trust: none before the origin is fixed,
+	 * then the one its origin and rate give (INT64_MIN until the caller
+	 * that fixed the origin stores it, which may have been killed).
+	 */
+	if (v.origin == TB__NO_TIME)
+		return v.limit == INT64_MIN;
+	return v.limit == INT64_MIN || v.limit == tb__limit(v.origin, v.p, v.q, v.fine0);
+}
+
+/*
+ * Whether the writer mutex is of the kind shared_mutexattr makes: glibc
+ * asserts, or fails every lock, on a kind it never made.  Its other words
+ * (owner, lock) are checked by locking: a dead owner is repaired, an
+ * unrecoverable mutex is an error, a lock word no live holder wrote times
+ * out (tb__writer_lock).
+ */
+static bool mutex_valid(const pthread_mutex_t *m)
+{
+#ifdef __GLIBC__
+	pthread_mutexattr_t attr;
+	pthread_mutex_t made;
+	if (shared_mutexattr(&attr))
+		return false;
+	int err = pthread_mutex_init(&made, &attr);
+	pthread_mutexattr_destroy(&attr);
+	if (err)
+		return false;
+	bool same = m->__data.__kind == made.__data.__kind;
+	pthread_mutex_destroy(&made);
+	return same;
+#else
+	(void)m;
+	return true;
+#endif
 }
 
 /*
@@ -190,7 +229,8 @@ static int shared_check(const struct tb__shared *s, size_t size)
 	uint64_t threshold = atomic_load(&tb->threshold);
 	if (atomic_load(&tb->burst) > TOKENBUCKET_BURST_MAX || threshold == 0 ||
 	    threshold > TOKENBUCKET_BURST_MAX || (tb->flags & ~TOKENBUCKET_CAPPED_RELEASE) ||
-	    atomic_load(&tb->kind) > TB__INF || !regime_valid(tb))
+	    atomic_load(&tb->kind) > TB__INF || tb__is_corrupt(tb) || !regime_valid(tb) ||
+	    !mutex_valid(&tb->writer))
 		return -EBADMSG;
 	return 0;
 }
@@ -241,19 +281,53 @@ static void recover(struct tokenbucket *tb)
 		tb__fill(tb, &v, atomic_load(&tb->clock));
 }
 
+/*
+ * Locks m, waiting at most TB__LOCK_WAIT_NS: 0, EOWNERDEAD, or the error.
+ * A lock word holding a thread id that no live holder wrote would make
+ * pthread_mutex_lock wait for ever.  pthread_mutex_timedlock measures the
+ * wait on CLOCK_REALTIME (a step of the wall clock lengthens or shortens
+ * it by as much); pthread_mutex_clocklock would take CLOCK_MONOTONIC, but
+ * it is newer (glibc 2.30) and ThreadSanitizer does not see it lock.
+ */
+static int lock_bounded(pthread_mutex_t *m)
+{
+	int err = pthread_mutex_trylock(m);
+	if (err != EBUSY)
+		return err;
+	struct timespec until;
+	clock_gettime(CLOCK_REALTIME, &until);
+	int64_t ns = until.tv_nsec + TB__LOCK_WAIT_NS % 1000000000;
+	until.tv_sec += TB__LOCK_WAIT_NS / 1000000000 + ns / 1000000000;
+	until.tv_nsec = ns % 1000000000;
+	return pthread_mutex_timedlock(m, &until);
+}
+
 int tb__writer_lock(struct tokenbucket *tb)
 {
-	int err = pthread_mutex_lock(&tb->writer);
+	if (tb__is_corrupt(tb))
+		return -EBADMSG;
+	int err = lock_bounded(&tb->writer);
 	if (err == EOWNERDEAD) {
 		recover(tb);
 		err = pthread_mutex_consistent(&tb->writer);
 		if (err) {
 			pthread_mutex_unlock(&tb->writer);
-			return -err;
+			tb__give_up(tb);
+			return -EBADMSG;
 		}
 		return 0;
 	}
-	return -err;
+	if (err == ETIMEDOUT)
+		return -EDEADLK;
+	if (err) {
+		/* ENOTRECOVERABLE, EINVAL, EDEADLK: not a lock this library left. */
+		tb__give_up(tb);
+		return -EBADMSG;
+	}
+	/* Only a writer holding the lock freezes the regime: this freeze has none. */
+	if (atomic_load(&tb->gen) & 1)
+		recover(tb);
+	return 0;
 }
 
 void tb__writer_help(struct tokenbucket *tb)
@@ -264,6 +338,8 @@ void tb__writer_help(struct tokenbucket *tb)
 		pthread_mutex_consistent(&tb->writer);
 	} else if (err) {
 		return; /* a live writer holds it: the freeze ends when it publishes */
+	} else if (atomic_load(&tb->gen) & 1) {
+		recover(tb); /* frozen, but no writer holds the lock */
 	}
 	pthread_mutex_unlock(&tb->writer);
 }
@@ -401,8 +477,9 @@ int tb__shm_open(const char *name, unsigned mode, const struct tb__shm_ops *ops,
 			*created = false;
 			return err;
 		}
+		/* A symbolic link or a directory there is not one of ours. */
 		if (errno != ENOENT)
-			return errno == ELOOP ? -EBADMSG : -errno;
+			return errno == ELOOP || errno == EISDIR ? -EBADMSG : -errno;
 		err = create_named(path, ops, mode, map);
 		if (err == 0) {
 			*mapped = ops->create_size;

@@ -187,6 +187,7 @@ static inline int64_t key_time(struct tbt_slot *s, int64_t at)
 {
 	int64_t c = atomic_load(&s->clock);
 	while (at > c) {
+		TB__ROUND();
 		if (atomic_compare_exchange_weak(&s->clock, &c, at))
 			return at;
 	}
@@ -263,17 +264,18 @@ static bool void_claim(struct tbt_counters *k, struct tbt_slot *s, uint64_t clai
 	return true;
 }
 
-/* What a slot is worth to a new key. */
 /*
- * What a slot is worth to a new key, best first: an empty slot, in the
- * emptier bucket first (two choices balance only so); then one whose key
- * is full (reused without loss); then one whose key is not
+ * What a slot is worth to a new key, best first.  A slot that is empty or
+ * holds a full key is free (a full bucket is indistinguishable from a new
+ * one, so it is reused without loss): free slots rank by how many slots of
+ * their bucket hold live keys (not full) or claims, 0 to 3, so that the
+ * two choices balance the live keys whatever earlier keys left behind;
+ * among equals, an empty slot before a full key's.  Then a live key's slot
  * (TOKENBUCKET_TABLE_EVICT only); claimed slots are worth nothing.
  */
 enum tbt_worth {
-	TBT_FREE = 0, /* + the slots of its bucket in use, 0 to 3 */
-	TBT_LOSSLESS = TBT_BUCKET_SLOTS,
-	TBT_LOSSY,
+	TBT_FREE = 0, /* + 2 * live slots of its bucket, + 1 for a full key's */
+	TBT_LOSSY = 2 * TBT_BUCKET_SLOTS,
 	TBT_BUSY,
 };
 
@@ -291,6 +293,7 @@ static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
 			continue;
 		struct tbt_slot *s = cand(c, j);
 		for (;;) {
+			TB__ROUND();
 			uint64_t st = atomic_load(&s->state);
 			uint64_t f = atomic_load(&s->fp);
 			if ((f & ~TBT_TAG_MASK) != c->fp)
@@ -320,17 +323,31 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 {
 	struct tbt_counters *k = &t->mem->counters;
 	int spins = 0;
-	for (;;) {
+	/*
+	 * Every round but a spin changes a slot (ours or another caller's); on
+	 * slots no one else writes, a few rounds and the spins a claim is
+	 * given.  Past the bound the key is refused, as when no slot is free.
+	 */
+	for (int round = 0;; round++) {
+		TB__ROUND();
+		if (round == TB__ROUNDS_MAX * TBT_CANDIDATES) {
+			atomic_fetch_add_explicit(&k->refused, 1, memory_order_relaxed);
+			return NULL;
+		}
 		int best = -1, busy = -1;
 		enum tbt_worth worth = TBT_BUSY;
 		uint64_t best_st = 0, best_fp = 0, busy_st = 0;
 		bool pending = false;
 		uint64_t sts[TBT_CANDIDATES], fps[TBT_CANDIDATES];
-		int in_use[2] = {0, 0};
+		bool full[TBT_CANDIDATES];
+		int live[2] = {0, 0};
 		for (int i = 0; i < c->nc; i++) {
 			sts[i] = atomic_load(&cand(c, i)->state);
 			fps[i] = atomic_load(&cand(c, i)->fp);
-			in_use[i / TBT_BUCKET_SLOTS] += !st_empty(sts[i]) || st_claimed(sts[i]);
+			full[i] = !st_claimed(sts[i]) && !st_empty(sts[i]) &&
+				  full_at(t, c->origin, c->at, st_tail(sts[i]));
+			live[i / TBT_BUCKET_SLOTS] +=
+				st_claimed(sts[i]) || (!st_empty(sts[i]) && !full[i]);
 		}
 		for (int i = 0; i < c->nc; i++) {
 			struct tbt_slot *s = cand(c, i);
@@ -342,15 +359,15 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 				busy_st = st;
 				continue;
 			}
-			if (st_empty(st)) {
-				w = (enum tbt_worth)(TBT_FREE + in_use[i / TBT_BUCKET_SLOTS]);
-			} else if (f == fp_for(c->fp, st)) {
+			if (!st_empty(st) && f == fp_for(c->fp, st)) {
 				*state = st; /* someone else inserted it */
 				return s;
-			} else {
-				w = full_at(t, c->origin, c->at, st_tail(st)) ? TBT_LOSSLESS
-									      : TBT_LOSSY;
 			}
+			if (st_empty(st) || full[i])
+				w = (enum tbt_worth)(TBT_FREE + 2 * live[i / TBT_BUCKET_SLOTS] +
+						     full[i]);
+			else
+				w = TBT_LOSSY;
 			/* The best worth; among equals the fullest (smallest tail). */
 			if (best < 0 || w < worth || (w == worth && st_tail(st) < st_tail(best_st))) {
 				best = i;
@@ -388,8 +405,8 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 		if (!atomic_compare_exchange_strong(&s->state, &best_st, claimed))
 			continue;
 		/* One counter per insert: a key replaced leaves the keys in use as they are. */
-		if (worth >= TBT_LOSSLESS)
-			atomic_fetch_add_explicit(worth == TBT_LOSSLESS ? &k->lossless : &k->lossy, 1,
+		if (!st_empty(best_st))
+			atomic_fetch_add_explicit(worth < TBT_LOSSY ? &k->lossless : &k->lossy, 1,
 						  memory_order_relaxed);
 		/*
 		 * The fingerprint changes only from the value read before the
@@ -460,6 +477,7 @@ again:
 		}
 	}
 	for (;;) {
+		TB__ROUND();
 		int64_t at = key_time(s, c->at);
 		if (past_horizon(t, c->origin, at))
 			return -ERANGE;
@@ -580,14 +598,16 @@ again:
 			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
 			return 0;
 		}
-		if (n == 0)
+		/*
+		 * A new key is full, so n <= burst is there at once: only a
+		 * negative max_wait refuses, and a refusal takes no slot.
+		 */
+		if (n == 0 || max_wait < 0)
 			return -ETIMEDOUT;
 		s = insert(t, &c, &st);
 		if (s == NULL) {
 			if (!(t->flags & TOKENBUCKET_TABLE_FAIL_OPEN))
 				return -EBUSY;
-			if (max_wait < 0)
-				return -ETIMEDOUT;
 			*r = (struct tokenbucket_reservation){.time_to_act = c.at};
 			return 0;
 		}
@@ -595,6 +615,7 @@ again:
 	struct tb__view v;
 	table_view(t, c.origin, &v);
 	for (;;) {
+		TB__ROUND();
 		int64_t at = key_time(s, c.at);
 		if (past_horizon(t, c.origin, at))
 			return -ERANGE;
@@ -602,10 +623,12 @@ again:
 		bool full = full_at(t, c.origin, at, tail);
 		uint64_t base = full ? production(t, c.origin, at) : tail;
 		int64_t level = full ? (int64_t)t->burst : level_of(t, c.origin, at, tail);
-		int64_t debt = (int64_t)n - level, act = at, wait = 0;
+		/* Wide: a slot's tail may be any 55 bits in a corrupt table. */
+		tb__i128 debt = (tb__i128)n - level;
+		int64_t act = at, wait = 0;
 		int err = 0;
 		if (debt > 0) {
-			if ((uint64_t)debt > TOKENBUCKET_TABLE_DEBT_MAX) {
+			if (debt > (tb__i128)TOKENBUCKET_TABLE_DEBT_MAX) {
 				err = -EOVERFLOW;
 			} else {
 				wait = tb__wait_of(&v, at, (uint64_t)debt, &act);
@@ -656,6 +679,7 @@ void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, s
 	if (s == NULL)
 		return; /* no bucket: the key is full */
 	for (;;) {
+		TB__ROUND();
 		int64_t at = key_time(s, c.at);
 		if (past_horizon(t, c.origin, at) || at > r->time_to_act)
 			return; /* too late: the tokens were used */

@@ -20,7 +20,9 @@ int64_t tokenbucket_now(void)
 static int give_back(struct tokenbucket *tb, struct tokenbucket_reservation *r, int err)
 {
 	struct tb__view v;
-	tb__give_back(tb, &v, tb__view_at_clock(tb, &v), r->tokens);
+	int64_t at;
+	if (tb__view_at_clock(tb, &v, &at))
+		tb__give_back(tb, &v, at, r->tokens);
 	r->tokens = 0;
 	return err;
 }
@@ -43,12 +45,20 @@ static int sleep_until_covered(struct tokenbucket *tb, struct tokenbucket_reserv
 			       int64_t deadline, int cancel_fd)
 {
 	for (;;) {
-		int err = tb__sleep_until(r->time_to_act, cancel_fd);
+		/*
+		 * Never past the deadline: time_to_act is on the bucket's clock,
+		 * which calls with explicit times (or a shared bucket's words)
+		 * may have put ahead of CLOCK_MONOTONIC.  A target before 0 (a
+		 * deadline long past) is 0, a time CLOCK_MONOTONIC has passed.
+		 */
+		int64_t target = r->time_to_act < deadline ? r->time_to_act : deadline;
+		int err = tb__sleep_until(target < 0 ? 0 : target, cancel_fd);
 		if (err)
 			return give_back(tb, r, err);
 		struct tb__view v;
 		int64_t now;
-		tb__enter(tb, tb__now(), &v, &now, true);
+		if (!tb__enter(tb, tb__now(), &v, &now, true))
+			return give_back(tb, r, -EBADMSG);
 		uint64_t missing = tokenbucket_deficiency(tb, r->ticket);
 		if (missing == 0)
 			return 0;

@@ -14,6 +14,7 @@
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <math.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -358,6 +359,12 @@ START_TEST(named_foreign_objects)
 	tb = NULL;
 	ck_assert_int_eq(tokenbucket_open(&tb, name, 1, 1, 0, 0, NULL), -EBADMSG);
 	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+	/* Nor a directory, for a bucket or a table. */
+	ck_assert_int_eq(mkdir(file, 0700), 0);
+	ck_assert_int_eq(tokenbucket_open(&tb, name, 1, 1, 0, 0, NULL), -EBADMSG);
+	struct tokenbucket_table *t = NULL;
+	ck_assert_int_eq(tokenbucket_table_open(&t, name, 1, SEC, 1, 4, 0, 0, NULL), -EBADMSG);
+	ck_assert_int_eq(rmdir(file), 0);
 	free(image);
 }
 END_TEST
@@ -699,6 +706,42 @@ static void storm_child(const char *name, struct storm *s, bool changer, unsigne
 	}
 }
 
+
+/*
+ * A reset killed after its freeze on a bucket that has seen no time: the
+ * repair publishes the frozen regime again, with no origin, in slot 1.  The
+ * next call that passes a time fixes that slot's origin (1.1 fixed only
+ * slot 0's, and every call then looped).
+ */
+START_TEST(dead_reset_before_first_time)
+{
+	char name[64];
+	struct tokenbucket *tb = fresh(name, "deadreset", 1, MS, 10);
+	ck_assert_int_eq(atomic_load(&tb->clock), TB__NO_TIME);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		/* reset_at's first steps: the lock, the freeze, the clock. */
+		pthread_mutex_lock(&tb->writer);
+		atomic_store(&tb->frozen_at, TB__NO_TIME);
+		atomic_fetch_add(&tb->gen, 1);
+		atomic_store(&tb->clock, SEC);
+		raise(SIGKILL);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFSIGNALED(st));
+	/* The take repairs (gen 2: slot 1, no origin), then fixes the origin at 2 s. */
+	ck_assert(tokenbucket_allow_at(tb, 2 * SEC, 10));
+	ck_assert_uint_eq(atomic_load(&tb->gen), 2);
+	ck_assert_int_eq(atomic_load(&tb->slot[1].origin), 2 * SEC);
+	ck_assert(!tokenbucket_allow_at(tb, 2 * SEC, 1));
+	ck_assert_tokens(tokenbucket_tokens_at(tb, 2 * SEC + 3 * MS), 3);
+	ck_assert_uint_eq(atomic_load(&tb->corrupt), 0);
+	done(tb, name);
+}
+END_TEST
+
 START_TEST(sigkill_storm)
 {
 	char name[64];
@@ -819,6 +862,239 @@ START_TEST(faces_across_processes)
 }
 END_TEST
 
+
+/* ---- Corrupt mappings: every call returns -------------------------------- */
+
+/*
+ * File offsets of the 8-byte words the tests below change, in the layout of
+ * 1.1 (header, then the state; docs/DESIGN.md, "Corrupt mappings").
+ */
+enum {
+	W_CORRUPT = 120,      /* the corrupt mark */
+	W_GEN = 128,          /* the regime index */
+	W_SLOT1_LIMIT = 248,  /* slot 1's horizon */
+	W_LOCK = 320,         /* the writer mutex: lock word and count */
+	W_OWNER = 328,        /* owner and users */
+	W_KIND = 336,         /* kind */
+};
+
+static uint64_t word_at(const void *mem, size_t off)
+{
+	uint64_t w;
+	memcpy(&w, (const char *)mem + off, sizeof(w));
+	return w;
+}
+
+static void word_set(void *mem, size_t off, uint64_t w)
+{
+	memcpy((char *)mem + off, &w, sizeof(w));
+}
+
+/* A bucket at rate/burst in mem, with one allow at 1 s. */
+static struct tokenbucket *used_bucket(void *mem, double rate, uint64_t burst)
+{
+	struct tokenbucket *tb = NULL;
+	ck_assert_int_eq(tokenbucket_init_shared(&tb, mem, tokenbucket_shared_size(), rate, burst, 0),
+			 0);
+	ck_assert(tokenbucket_allow_at(tb, SEC, 1));
+	return tb;
+}
+
+/*
+ * Every call of both faces and every writer on tb, at times from now: each
+ * returns, with a value its page documents (a hang fails the test by its
+ * timeout, a crash by its signal).
+ */
+static void every_call_returns(struct tokenbucket *tb, int64_t now)
+{
+	static const int writer_errors[] = {0, -EBADMSG, -EDEADLK, -EINVAL};
+	struct tokenbucket_reservation r;
+	struct tokenbucket_result res;
+	for (int i = 0; i < 4; i++) {
+		int64_t t = now + i * SEC;
+		(void)tokenbucket_allow_at(tb, t, 1);
+		int err = tokenbucket_reserve_at(tb, t, 1, SEC, &r);
+		ck_assert(err == 0 || err == -EBADMSG || err == -ETIMEDOUT || err == -EOVERFLOW ||
+			  err == -E2BIG);
+		if (err == 0)
+			tokenbucket_cancel_at(tb, &r, t);
+		double x = tokenbucket_tokens_at(tb, t);
+		ck_assert(isnan(x) || x <= (double)tokenbucket_burst(tb));
+		err = tokenbucket_allow_result_at(tb, t, 1, &res);
+		ck_assert(err == 0 || err == -EBADMSG);
+		uint64_t ticket = tokenbucket_grab(tb, 1);
+		(void)tokenbucket_deficiency(tb, ticket);
+		tokenbucket_refund(tb, 1);
+		tokenbucket_replenish(tb, t);
+		(void)tokenbucket_duration_for(tb, 1);
+		(void)tokenbucket_rate(tb);
+		bool found = false;
+		err = tokenbucket_set_rate_at(tb, t, 5);
+		for (size_t k = 0; k < sizeof(writer_errors) / sizeof(writer_errors[0]); k++)
+			found |= err == writer_errors[k];
+		ck_assert_msg(found, "set_rate_at: %d", err);
+		err = tokenbucket_set_burst_at(tb, t, 4);
+		ck_assert(err == 0 || err == -EBADMSG || err == -EDEADLK);
+		err = tokenbucket_reset_at(tb, t, 1);
+		ck_assert(err == 0 || err == -EBADMSG || err == -EDEADLK);
+		err = tokenbucket_set_threshold(tb, 1);
+		ck_assert(err == 0 || err == -EBADMSG || err == -EDEADLK || err == -EINVAL);
+	}
+}
+
+/*
+ * The regime index selects a slot with no origin (the first hang): a state
+ * a reset of a never-used bucket killed mid-way leaves too.  Attach takes
+ * it, and the first call fixes that slot's origin.
+ */
+START_TEST(corrupt_gen_unfixed_slot)
+{
+	size_t size = tokenbucket_shared_size();
+	void *mem = shared_anon(size);
+	static const uint64_t gens[] = {2, 6, 10, UINT64_C(0x8000000000000002)};
+	for (size_t i = 0; i < sizeof(gens) / sizeof(gens[0]); i++) {
+		used_bucket(mem, 7, 3);
+		word_set(mem, W_GEN, gens[i]);
+		struct tokenbucket *tb = NULL;
+		ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), 0);
+		/* The level as it was: 2 tokens, none produced before the new origin. */
+		ck_assert_tokens(tokenbucket_tokens_at(tb, 2 * SEC), 2);
+		ck_assert_tokens(tokenbucket_tokens_at(tb, 2 * SEC + SEC / 7 + 1), 3);
+		every_call_returns(tb, 3 * SEC);
+	}
+	munmap(mem, size);
+}
+END_TEST
+
+/* A horizon that the origin and the rate do not give is refused. */
+START_TEST(corrupt_limit_refused)
+{
+	size_t size = tokenbucket_shared_size();
+	void *mem = shared_anon(size);
+	struct tokenbucket *tb = used_bucket(mem, 7, 3);
+	ck_assert_int_eq(tokenbucket_set_rate_at(tb, 2 * SEC, 9), 0); /* regime 1: slot 1 */
+	ck_assert_uint_eq(word_at(mem, W_GEN), 2);
+	/* At 9/s production never reaches the anchor: no horizon. */
+	ck_assert_uint_eq(word_at(mem, W_SLOT1_LIMIT), (uint64_t)INT64_MAX);
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), 0);
+	word_set(mem, W_SLOT1_LIMIT, (uint64_t)(3 * SEC));
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), -EBADMSG);
+	word_set(mem, W_SLOT1_LIMIT, (uint64_t)INT64_MAX - 1);
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), -EBADMSG);
+	word_set(mem, W_SLOT1_LIMIT, (uint64_t)INT64_MIN); /* its origin's fixer was killed */
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), 0);
+	every_call_returns(tb, 3 * SEC);
+	munmap(mem, size);
+}
+END_TEST
+
+/*
+ * A mutex kind this library never makes (the second hang): attach refuses
+ * it, and a bucket already attached when it changes fails its calls that
+ * need the lock, marks itself corrupt, and fails fast from then on.
+ */
+START_TEST(corrupt_mutex_kind)
+{
+	size_t size = tokenbucket_shared_size();
+	void *mem = shared_anon(size);
+	struct tokenbucket *tb = NULL;
+	ck_assert_int_eq(tokenbucket_init_shared(&tb, mem, size, 1e15, TOKENBUCKET_BURST_MAX, 0), 0);
+	ck_assert(tokenbucket_allow_at(tb, INT64_MAX / 2, 1));
+	uint64_t kind = word_at(mem, W_KIND);
+	word_set(mem, W_KIND, 0x94);
+	struct tokenbucket *other = NULL;
+	ck_assert_int_eq(tokenbucket_attach_shared(&other, mem, size), -EBADMSG);
+	/* Far past the horizon: the take must normalize under the lock. */
+	ck_assert(!tokenbucket_allow_at(tb, INT64_MAX / 2 + INT64_MAX / 4, 1));
+	ck_assert_uint_ne(word_at(mem, W_CORRUPT), 0);
+	ck_assert_int_eq(tokenbucket_set_rate_at(tb, INT64_MAX / 2, 1), -EBADMSG);
+	ck_assert(isnan(tokenbucket_tokens_at(tb, INT64_MAX / 2 + INT64_MAX / 4)));
+	struct tokenbucket_reservation r;
+	ck_assert_int_eq(tokenbucket_reserve_at(tb, INT64_MAX / 2 + INT64_MAX / 4, 1, 0, &r),
+			 -EBADMSG);
+	/* The mark is sticky: a right kind again does not make the bucket whole. */
+	word_set(mem, W_KIND, kind);
+	ck_assert_int_eq(tokenbucket_attach_shared(&other, mem, size), -EBADMSG);
+	every_call_returns(tb, INT64_MAX / 2);
+	munmap(mem, size);
+}
+END_TEST
+
+/* An unrecoverable writer mutex is an error returned, and marks the bucket. */
+START_TEST(corrupt_mutex_unrecoverable)
+{
+	size_t size = tokenbucket_shared_size();
+	void *mem = shared_anon(size);
+	struct tokenbucket *tb = used_bucket(mem, 7, 3);
+	/* glibc's owner word: PTHREAD_MUTEX_NOTRECOVERABLE, no users. */
+	word_set(mem, W_OWNER, 0x7ffffffe);
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), 0);
+	ck_assert_int_eq(tokenbucket_set_rate_at(tb, 2 * SEC, 9), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_set_burst_at(tb, 2 * SEC, 9), -EBADMSG);
+	every_call_returns(tb, 3 * SEC);
+	munmap(mem, size);
+}
+END_TEST
+
+/*
+ * A lock word naming a thread that does not exist: a writer gives up after
+ * its bounded wait with -EDEADLK, and lock-free calls go on.  Not marked:
+ * a stopped holder looks the same.
+ */
+START_TEST(corrupt_lock_word)
+{
+	size_t size = tokenbucket_shared_size();
+	void *mem = shared_anon(size);
+	struct tokenbucket *tb = used_bucket(mem, 7, 3);
+	word_set(mem, W_LOCK, 0x3ffffff0); /* above any pid_max: no such thread */
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), 0);
+	ck_assert_int_eq(tokenbucket_set_rate_at(tb, 2 * SEC, 9), -EDEADLK);
+	ck_assert_uint_eq(word_at(mem, W_CORRUPT), 0);
+	ck_assert(tokenbucket_allow_at(tb, 2 * SEC, 2));
+	ck_assert(!tokenbucket_allow_at(tb, 2 * SEC, 2));
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), 0);
+	munmap(mem, size);
+}
+END_TEST
+
+/* A regime frozen with no writer holding the lock is unfrozen by the next call. */
+START_TEST(corrupt_frozen_unlocked)
+{
+	size_t size = tokenbucket_shared_size();
+	void *mem = shared_anon(size);
+	struct tokenbucket *tb = used_bucket(mem, 7, 3);
+	word_set(mem, W_GEN, word_at(mem, W_GEN) | 1);
+	ck_assert_int_eq(tokenbucket_attach_shared(&tb, mem, size), 0);
+	ck_assert(tokenbucket_allow_at(tb, 2 * SEC, 1));
+	ck_assert_uint_eq(word_at(mem, W_GEN) & 1, 0);
+	ck_assert_int_eq(tokenbucket_set_rate_at(tb, 2 * SEC, 9), 0);
+	every_call_returns(tb, 3 * SEC);
+	ck_assert_uint_eq(word_at(mem, W_CORRUPT), 0);
+	munmap(mem, size);
+}
+END_TEST
+
+/* A bucket marked corrupt is refused by attach and by open. */
+START_TEST(corrupt_mark_refused)
+{
+	char name[64], path[128];
+	test_name(name, sizeof(name), "corrupt");
+	struct tokenbucket *tb = NULL;
+	ck_assert_int_eq(tokenbucket_open(&tb, name, 7, 3, 0, 0600, NULL), 0);
+	ck_assert(tokenbucket_allow_at(tb, SEC, 1));
+	tokenbucket_close(tb);
+	shm_file(path, sizeof(path), name);
+	int fd = open(path, O_RDWR);
+	ck_assert_int_ge(fd, 0);
+	uint64_t one = 1;
+	ck_assert_int_eq(pwrite(fd, &one, sizeof(one), W_CORRUPT), (ssize_t)sizeof(one));
+	close(fd);
+	ck_assert_int_eq(tokenbucket_open(&tb, name, 7, 3, 0, 0600, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_unlink(name), 0);
+}
+END_TEST
+
 Suite *shared_suite(void)
 {
 	Suite *s = suite_create("shared");
@@ -844,7 +1120,19 @@ Suite *shared_suite(void)
 	tc = tcase_create("crashes");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, dead_writer_recovered);
+	tcase_add_test(tc, dead_reset_before_first_time);
 	tcase_add_test(tc, sigkill_storm);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("corrupt");
+	/* corrupt_lock_word waits out one bounded lock wait (2 s) per writer call. */
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, corrupt_gen_unfixed_slot);
+	tcase_add_test(tc, corrupt_limit_refused);
+	tcase_add_test(tc, corrupt_mutex_kind);
+	tcase_add_test(tc, corrupt_mutex_unrecoverable);
+	tcase_add_test(tc, corrupt_lock_word);
+	tcase_add_test(tc, corrupt_frozen_unlocked);
+	tcase_add_test(tc, corrupt_mark_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

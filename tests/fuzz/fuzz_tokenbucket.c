@@ -10,7 +10,6 @@
  * directories without libFuzzer, and writes the seed corpus (--make-seeds).
  * FUZZ_TRACE=1 in the environment prints every call.
  */
-#include <dirent.h>
 #include <errno.h>
 #include <float.h>
 #include <inttypes.h>
@@ -23,6 +22,9 @@
 #include <tokenbucket.h>
 
 #include "model.h"
+#ifdef FUZZ_REPLAY_MAIN
+#include "replay.h"
+#endif
 
 #define MAX_STEPS 256
 #define SLOTS 8
@@ -723,78 +725,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 #ifdef FUZZ_REPLAY_MAIN
 /* ---- Replay and seed generation without libFuzzer ------------------------ */
 
-static int replay_file(const char *path)
-{
-	FILE *f = fopen(path, "rb");
-	if (f == NULL) {
-		fprintf(stderr, "%s: %s\n", path, strerror(errno));
-		return -1;
-	}
-	uint8_t *buf = NULL;
-	size_t len = 0, cap = 0, got;
-	do {
-		if (len == cap) {
-			cap = cap ? 2 * cap : 4096;
-			buf = realloc(buf, cap);
-			if (buf == NULL)
-				abort();
-		}
-		got = fread(buf + len, 1, cap - len, f);
-		len += got;
-	} while (got > 0);
-	fclose(f);
-	if (tracing)
-		fprintf(stderr, "== %s\n", path);
-	LLVMFuzzerTestOneInput(buf, len);
-	free(buf);
-	return 0;
-}
-
-static int cmp_names(const void *a, const void *b)
-{
-	return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* A file, or every regular file in a directory (not recursive), in name order. */
-static int replay(const char *path, int *count)
-{
-	DIR *d = opendir(path);
-	if (d == NULL) {
-		int err = replay_file(path); /* a file, or reports why not */
-		if (err == 0)
-			(*count)++;
-		return err;
-	}
-	char **names = NULL;
-	size_t n = 0, cap = 0;
-	struct dirent *e;
-	while ((e = readdir(d)) != NULL) {
-		if (e->d_name[0] == '.')
-			continue;
-		if (n == cap) {
-			cap = cap ? 2 * cap : 64;
-			names = realloc(names, cap * sizeof(*names));
-			if (names == NULL)
-				abort();
-		}
-		names[n++] = strdup(e->d_name);
-	}
-	closedir(d);
-	qsort(names, n, sizeof(*names), cmp_names);
-	int err = 0;
-	for (size_t i = 0; i < n; i++) {
-		char full[4096];
-		snprintf(full, sizeof(full), "%s/%s", path, names[i]);
-		if (replay_file(full) < 0)
-			err = -1;
-		else
-			(*count)++;
-		free(names[i]);
-	}
-	free(names);
-	return err;
-}
-
 /*
  * The seed corpus: for each op, a run that repeats it among the others, on
  * each kind of configuration; then a few long mixed runs.  Config bytes:
@@ -845,18 +775,6 @@ static int make_seeds(const char *dir)
 int main(int argc, char **argv)
 {
 	LLVMFuzzerInitialize(&argc, &argv);
-	if (argc == 3 && strcmp(argv[1], "--make-seeds") == 0)
-		return make_seeds(argv[2]);
-	if (argc < 2) {
-		fprintf(stderr, "usage: %s FILE|DIR...\n       %s --make-seeds DIR\n", argv[0],
-			argv[0]);
-		return 2;
-	}
-	int count = 0, err = 0;
-	for (int i = 1; i < argc; i++)
-		if (replay(argv[i], &count) < 0)
-			err = 1;
-	printf("%d input(s) replayed without divergence\n", count);
-	return err;
+	return fuzz_replay_main(argc, argv, make_seeds, tracing, " without divergence");
 }
 #endif

@@ -15,7 +15,8 @@ CC=${CC:-cc}
 # shellcheck disable=SC2046
 $CC -std=gnu11 -O1 -D_GNU_SOURCE -DFUZZ_REPLAY_MAIN -I"$top/include" -I"$top/src" \
 	$(pkg-config --cflags libbsd 2>/dev/null || true) \
-	-o "$build/fuzz_replay" "$here/fuzz_tokenbucket.c" "$here/model.c" "$top"/src/*.c \
+	-o "$build/fuzz_replay" "$here/fuzz_tokenbucket.c" "$here/model.c" "$here/replay.c" \
+	"$top"/src/*.c \
 	-lm -lpthread
 rm -f "$here"/corpus/seed-*
 mkdir -p "$here/corpus"

@@ -3,8 +3,10 @@
 #
 # Builds the differential fuzzer with clang (libFuzzer, ASan, UBSan), fuzzes
 # for FUZZ_SECONDS (60) on a copy of tests/fuzz/corpus, then replays the
-# corpus and tests/fuzz/regressions.  Exits nonzero on any crash or
-# divergence.  Usage: tests/fuzz/run.sh [BUILD_DIR]   (default build-fuzz/)
+# corpus and tests/fuzz/regressions.  Then the same for the mapping fuzzer
+# (fuzz_mapping.c: any bytes as a shared bucket or table) for MAPPING_SECONDS
+# (30) on tests/fuzz/corpus-mapping.  Exits nonzero on any crash, divergence
+# or call that loops.  Usage: tests/fuzz/run.sh [BUILD_DIR]   (default build-fuzz/)
 # Extra libFuzzer options go in FUZZ_ARGS, e.g. FUZZ_ARGS="-jobs=4 -workers=4".
 # Needs clang and libclang-rt-14-dev (Debian 12) besides the library's own
 # build dependencies.
@@ -49,6 +51,27 @@ if [ -n "$replay" ]; then
 	# shellcheck disable=SC2086
 	"$build/fuzz_tokenbucket" $replay || status=$?
 fi
+
+# The mapping fuzzer: the library's loops count their rounds
+# (TB__FUZZ_ROUNDS) and the writer lock waits 1 ms, not 2 s.
+echo "building $build/fuzz_mapping with $CC"
+# shellcheck disable=SC2086
+$CC $cflags -DTB__FUZZ_ROUNDS -DTB__LOCK_WAIT_NS=1000000 -o "$build/fuzz_mapping" \
+	"$here/fuzz_mapping.c" "$top"/src/*.c -lm -lpthread
+mseconds=${MAPPING_SECONDS:-30}
+rm -rf "$build/corpus-mapping"
+mkdir -p "$build/corpus-mapping"
+cp "$here"/corpus-mapping/* "$build/corpus-mapping/"
+echo "fuzzing mappings for $mseconds s (corpus: $build/corpus-mapping)"
+# shellcheck disable=SC2086
+"$build/fuzz_mapping" -max_total_time="$mseconds" -timeout=10 -print_final_stats=1 \
+	-artifact_prefix="$build/artifacts/mapping-" ${FUZZ_ARGS:-} "$build/corpus-mapping" ||
+	status=$?
+echo "mapping corpus: $(ls "$build/corpus-mapping" | wc -l) inputs"
+replay=$(find "$here/corpus-mapping" -type f ! -name '.*' | sort)
+echo "replaying $(echo "$replay" | wc -l) committed mapping inputs"
+# shellcheck disable=SC2086
+"$build/fuzz_mapping" -timeout=10 $replay || status=$?
 
 if [ "$status" -ne 0 ]; then
 	echo "FAILED: a crash or a divergence; see above and $build/artifacts" >&2
