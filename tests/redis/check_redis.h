@@ -46,5 +46,6 @@ Suite *redis_concurrency_suite(void);
 Suite *redis_expiry_suite(void);
 Suite *redis_badinput_suite(void);
 Suite *redis_api_suite(void);
+Suite *redis_module_suite(void);
 
 #endif
