@@ -10,7 +10,6 @@
  */
 #include "bucket.h"
 
-#include <stdio.h>
 #include <string.h>
 
 typedef unsigned __int128 u128;
@@ -26,11 +25,19 @@ static bool is_digit(char c)
 	return c >= '0' && c <= '9';
 }
 
-static bool all_digits(const char *p, size_t n)
+
+/* Up to 19 digits into v (below 10^19 < 2^64), checked and read in one
+ * pass; false at any other byte. */
+static bool digits(const char *p, size_t n, uint64_t *v)
 {
-	for (size_t i = 0; i < n; i++)
-		if (!is_digit(p[i]))
+	uint64_t x = 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned d = (unsigned)(unsigned char)p[i] - '0';
+		if (d > 9)
 			return false;
+		x = x * 10 + d;
+	}
+	*v = x;
 	return true;
 }
 
@@ -40,11 +47,9 @@ static bool read_int(const char *p, size_t n, int64_t *out)
 	bool neg = n > 0 && p[0] == '-';
 	if (neg)
 		p++, n--;
-	if (n == 0 || n > 19 || !all_digits(p, n))
+	uint64_t v;
+	if (n == 0 || n > 19 || !digits(p, n, &v))
 		return false;
-	uint64_t v = 0;
-	for (size_t i = 0; i < n; i++)
-		v = v * 10 + (uint64_t)(p[i] - '0'); /* 19 digits < 2^64 */
 	if (neg) {
 		if (v > (uint64_t)INT64_MAX + 1)
 			return false;
@@ -60,14 +65,18 @@ static bool read_int(const char *p, size_t n, int64_t *out)
 /* 1 to 20 digits, at most hi (unsigned). */
 static bool read_uint(const char *p, size_t n, uint64_t hi, uint64_t *out)
 {
-	if (n == 0 || n > 20 || !all_digits(p, n))
+	uint64_t v;
+	if (n == 0 || n > 20 || !digits(p, n < 19 ? n : 19, &v))
 		return false;
-	u128 v = 0;
-	for (size_t i = 0; i < n; i++)
-		v = v * 10 + (unsigned)(p[i] - '0');
+	if (n == 20) {
+		unsigned d = (unsigned)(unsigned char)p[19] - '0';
+		if (d > 9 || v > (UINT64_MAX - d) / 10)
+			return false;
+		v = v * 10 + d;
+	}
 	if (v > hi)
 		return false;
-	*out = (uint64_t)v;
+	*out = v;
 	return true;
 }
 
@@ -75,6 +84,19 @@ static bool read_uint(const char *p, size_t n, uint64_t hi, uint64_t *out)
 static uint64_t tdiff(int64_t a, int64_t b)
 {
 	return (uint64_t)a - (uint64_t)b;
+}
+
+/* x / d and its remainder; one 64-bit division when x fits, as it does
+ * for every rate and time but the extremes. */
+static u128 div_rem(u128 x, uint64_t d, uint64_t *r)
+{
+	if ((x >> 64) == 0) {
+		uint64_t lo = (uint64_t)x;
+		*r = lo % d;
+		return lo / d;
+	}
+	*r = (uint64_t)(x % d);
+	return x / d;
 }
 
 struct bucket {
@@ -107,8 +129,7 @@ static void advance(struct bucket *b, int64_t t)
 	if (b->sp != 0) {
 		/* < (2^64 - 1)^2 + 2^64 */
 		u128 x = (u128)tdiff(t, b->clock) * b->sp + b->rem;
-		u128 k = x / b->sq;
-		b->rem = (uint64_t)(x % b->sq);
+		u128 k = div_rem(x, b->sq, &b->rem);
 		if (k != 0)
 			credit(b, k);
 	}
@@ -122,23 +143,44 @@ static int64_t covered(const struct bucket *b, uint64_t d)
 	if (b->sp == 0)
 		return NEVER;
 	u128 x = (u128)d * b->sq - b->rem; /* d q > rem, as rem < q */
-	u128 w = x / b->sp + (x % b->sp != 0);
+	uint64_t r;
+	u128 w = div_rem(x, b->sp, &r);
+	w += r != 0;
 	if (w >= (u128)1 << 64)
 		return NEVER;
 	__int128 t = (__int128)b->clock + (__int128)w;
 	return t >= NEVER ? NEVER : (int64_t)t;
 }
 
-static void field(struct tbm_out *o, int i, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-
-#include <stdarg.h>
-static void field(struct tbm_out *o, int i, const char *fmt, ...)
+/* Decimal texts by hand: printf's parsing of a format costs more than the
+ * rest of a call.  Each writes at most 20 characters and returns how many. */
+static size_t put_u64(char *d, uint64_t v)
 {
-	va_list ap;
-	va_start(ap, fmt);
-	int n = vsnprintf(o->field[i], sizeof(o->field[i]), fmt, ap);
-	va_end(ap);
-	o->field_len[i] = (size_t)n;
+	char t[20];
+	size_t n = 0;
+	do
+		t[n++] = (char)('0' + v % 10);
+	while ((v /= 10) != 0);
+	for (size_t i = 0; i < n; i++)
+		d[i] = t[n - 1 - i];
+	return n;
+}
+
+static size_t put_i64(char *d, int64_t v)
+{
+	if (v >= 0)
+		return put_u64(d, (uint64_t)v);
+	d[0] = '-';
+	return 1 + put_u64(d + 1, 0 - (uint64_t)v);
+}
+
+/* The level: whole tokens, or the debt with a minus sign. */
+static size_t put_level(char *d, const struct bucket *b)
+{
+	if (b->debt == 0)
+		return put_u64(d, b->tok);
+	d[0] = '-';
+	return 1 + put_u64(d + 1, b->debt);
 }
 
 static bool eq(const struct tbm_str *s, const char *lit)
@@ -188,7 +230,8 @@ static void fail(struct tbm_out *o, const char *e)
 void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t server_ns,
 	      struct tbm_out *o)
 {
-	memset(o, 0, sizeof(*o));
+	o->error = NULL;
+	o->write = o->expire = false;
 	enum { ALLOW, RESERVE, CANCEL, TOKENS, RESET } op;
 	if (eq(&arg[0], "allow"))
 		op = ALLOW;
@@ -331,17 +374,20 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 	if (tm && stored && !reconf && (code == 3 || (code == 0 && !enough)))
 		changed = false;
 
-	char level[24];
-	if (b.debt != 0)
-		snprintf(level, sizeof(level), "-%llu", (unsigned long long)b.debt);
-	else
-		snprintf(level, sizeof(level), "%llu", (unsigned long long)b.tok);
 	if (changed) {
-		int len = snprintf(o->value, sizeof(o->value), "tb1 %lld %s %llu %llu %llu %llu",
-				   (long long)b.clock, level, (unsigned long long)b.rem,
-				   (unsigned long long)b.sp, (unsigned long long)b.sq,
-				   (unsigned long long)b.sb);
-		o->value_len = (size_t)len;
+		/* "tb1 clock level rem p q burst": 4 + 6 * 21 characters at most. */
+		char *d = o->value;
+		memcpy(d, "tb1 ", 4);
+		d += 4;
+		d += put_i64(d, b.clock);
+		*d++ = ' ';
+		d += put_level(d, &b);
+		const uint64_t rest[4] = { b.rem, b.sp, b.sq, b.sb };
+		for (int i = 0; i < 4; i++) {
+			*d++ = ' ';
+			d += put_u64(d, rest[i]);
+		}
+		o->value_len = (size_t)(d - o->value);
 		o->write = true;
 		if (tm && full != NEVER) {
 			uint64_t w = tdiff(full, b.clock);
@@ -350,10 +396,10 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 		}
 	}
 	o->code = code;
-	field(o, 0, "%lld", (long long)b.clock);
-	field(o, 1, "%s", level);
-	field(o, 2, "%llu", (unsigned long long)b.rem);
-	field(o, 3, "%llu", (unsigned long long)b.sq);
-	field(o, 4, "%lld", (long long)act);
-	field(o, 5, "%lld", (long long)full);
+	o->field_len[0] = put_i64(o->field[0], b.clock);
+	o->field_len[1] = put_level(o->field[1], &b);
+	o->field_len[2] = put_u64(o->field[2], b.rem);
+	o->field_len[3] = put_u64(o->field[3], b.sq);
+	o->field_len[4] = put_i64(o->field[4], act);
+	o->field_len[5] = put_i64(o->field[5], full);
 }

@@ -9,6 +9,7 @@
  * A write is replicated as the SET it made, with an absolute PXAT expiry,
  * so that replicas and the AOF replay the result, never the server's clock.
  */
+#include <string.h>
 #include <time.h>
 
 #include "bucket.h"
@@ -50,16 +51,25 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 		return RedisModule_ReplyWithError(ctx, out.error);
 	}
 	if (out.write) {
-		RedisModuleString *v = RedisModule_CreateString(ctx, out.value, out.value_len);
-		/* StringSet drops any expiry, as a plain SET does. */
-		RedisModule_StringSet(key, v);
-		RedisModule_FreeString(ctx, v);
+		/* In place: the string resized (or made, for a new key) and
+		 * written through its pointer, which keeps any expiry; the
+		 * expiry is then set or removed as a SET would. */
+		size_t len;
+		char *dst = NULL;
+		if (RedisModule_StringTruncate(key, out.value_len) == REDISMODULE_OK)
+			dst = RedisModule_StringDMA(key, &len, REDISMODULE_WRITE);
+		if (dst == NULL || len != out.value_len) {
+			RedisModule_CloseKey(key);
+			return RedisModule_ReplyWithError(ctx, "ERR tokenbucket: the value could not be written");
+		}
+		memcpy(dst, out.value, len);
 		if (out.expire) {
 			long long at = ns / 1000000 + out.expire_ms;
 			RedisModule_SetAbsExpire(key, at);
 			RedisModule_Replicate(ctx, "SET", "sbcl", argv[1], out.value, out.value_len,
 					      "PXAT", at);
 		} else {
+			RedisModule_SetExpire(key, REDISMODULE_NO_EXPIRE);
 			RedisModule_Replicate(ctx, "SET", "sb", argv[1], out.value, out.value_len);
 		}
 	}

@@ -46,11 +46,9 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
 	X(void, CloseKey, (RedisModuleKey *))                                                  \
 	X(int, KeyType, (RedisModuleKey *))                                                    \
 	X(char *, StringDMA, (RedisModuleKey *, size_t *, int))                                \
-	X(int, StringSet, (RedisModuleKey *, RedisModuleString *))                             \
+	X(int, StringTruncate, (RedisModuleKey *, size_t))                                     \
 	X(int, SetExpire, (RedisModuleKey *, mstime_t))                                        \
 	X(int, SetAbsExpire, (RedisModuleKey *, mstime_t))                                     \
-	X(RedisModuleString *, CreateString, (RedisModuleCtx *, const char *, size_t))         \
-	X(void, FreeString, (RedisModuleCtx *, RedisModuleString *))                           \
 	X(const char *, StringPtrLen, (const RedisModuleString *, size_t *))                  \
 	X(int, Replicate, (RedisModuleCtx *, const char *, const char *, ...))                 \
 	X(int, ReplyWithArray, (RedisModuleCtx *, long))                                       \
