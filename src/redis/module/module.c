@@ -58,6 +58,7 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 		char *dst = NULL;
 		if (RedisModule_StringTruncate(key, out.value_len) == REDISMODULE_OK)
 			dst = RedisModule_StringDMA(key, &len, REDISMODULE_WRITE);
+		/* Only a key that is not a string fails here, checked above. */
 		if (dst == NULL || len != out.value_len) {
 			RedisModule_CloseKey(key);
 			return RedisModule_ReplyWithError(ctx, "ERR tokenbucket: the value could not be written");
