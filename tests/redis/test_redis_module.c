@@ -7,12 +7,15 @@
  * refused alike and left as they were; the server's clock; a replica (which
  * does not load the module) holding what the primary holds.
  */
+#include <dirent.h>
+#include <fcntl.h>
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <hiredis/hiredis.h>
 
@@ -456,12 +459,70 @@ START_TEST(test_module_replica)
 }
 END_TEST
 
+/* The AOF holds the writes, not the command: reloading it (DEBUG LOADAOF
+ * empties the data set and replays the file) gives back every value and
+ * expiry as they were, which replaying a command on the server's clock
+ * would not. */
+START_TEST(test_module_aof)
+{
+	server_stop(&srv, false);
+	const char *const extra[] = { "--loadmodule", TOKENBUCKET_MODULE_PATH, "--appendonly", "yes",
+				      "--enable-debug-command", "yes", NULL };
+	ck_assert_int_eq(server_start(&srv, extra), 0);
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	const char *const calls[][7] = {
+		{ "allow", "", "1", "100000000000", "3", "1", "0" },
+		{ "reserve", "", "1", "100000000000", "3", "3", "9223372036854775807" },
+		{ "reset", "5", "7", "3", "9", "4", "0" },
+	};
+	const char *keys[] = { "f1", "f2", "f3" };
+	for (size_t k = 0; k < 3; k++)
+		for (size_t i = 0; i <= k; i++)
+			freeReplyObject(call(c, true, keys[k], 2, calls[i]));
+	char *before[3];
+	size_t len[3];
+	long long at[3];
+	for (size_t k = 0; k < 3; k++) {
+		before[k] = get(c, keys[k], &len[k]);
+		at[k] = integer(c, "PEXPIRETIME %s", keys[k]);
+	}
+	/* Later on the server's clock, so that a replayed command would differ. */
+	nanosleep(&(struct timespec){ 0, 20000000 }, NULL);
+	redisReply *r = redisCommand(c, "DEBUG LOADAOF");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STATUS);
+	freeReplyObject(r);
+	for (size_t k = 0; k < 3; k++) {
+		size_t l;
+		char *after = get(c, keys[k], &l);
+		ck_assert(after != NULL && l == len[k] && memcmp(after, before[k], l) == 0);
+		ck_assert_int_eq(integer(c, "PEXPIRETIME %s", keys[k]), at[k]);
+		free(after);
+		free(before[k]);
+	}
+	redisFree(c);
+	/* The AOF's directory, which the fixture's cleanup does not know. */
+	server_stop(&srv, true);
+	char aof[160];
+	snprintf(aof, sizeof(aof), "%s/appendonlydir", srv.dir);
+	DIR *d = opendir(aof);
+	struct dirent *e;
+	while (d != NULL && (e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.')
+			unlinkat(dirfd(d), e->d_name, 0);
+	if (d != NULL)
+		closedir(d);
+	rmdir(aof);
+}
+END_TEST
+
 Suite *redis_module_suite(void)
 {
 	Suite *s = suite_create("redis-module");
 	redis_tcase(s, "module", module_setup, 240,
 		    (const TTest *const[]){ test_module_version, test_module_differential,
 					    test_module_hostile, test_module_arguments,
-					    test_module_server_clock, test_module_replica, NULL });
+					    test_module_server_clock, test_module_replica,
+					    test_module_aof, NULL });
 	return s;
 }
