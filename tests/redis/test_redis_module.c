@@ -25,18 +25,26 @@
 static const char *const ops[] = { "allow", "reserve", "cancel", "tokens", "reset" };
 static const char *sha;
 
-static void module_setup(void)
+/* Starts srv loading the module, with more options (NULL-terminated). */
+static int start_with_module(const char *const *more)
 {
-	const char *const extra[] = { "--loadmodule", TOKENBUCKET_MODULE_PATH, NULL };
+	const char *extra[16] = { "--loadmodule", TOKENBUCKET_MODULE_PATH };
+	for (int i = 0; more != NULL && more[i] != NULL && i < 13; i++)
+		extra[2 + i] = more[i];
 	/* A sanitizer's runtime for an instrumented module in an uninstrumented
 	 * server (.ci/sanitize asan sets it); only the server gets it. */
 	const char *preload = getenv("TOKENBUCKET_MODULE_PRELOAD");
-	if (preload != NULL && *preload != '\0')
-		ck_assert_int_eq(setenv("LD_PRELOAD", preload, 1), 0);
+	if (preload != NULL && *preload != '\0' && setenv("LD_PRELOAD", preload, 1) != 0)
+		return -1;
 	int started = server_start(&srv, extra);
 	if (preload != NULL && *preload != '\0')
 		unsetenv("LD_PRELOAD");
-	ck_assert_int_eq(started, 0);
+	return started;
+}
+
+static void module_setup(void)
+{
+	ck_assert_int_eq(start_with_module(NULL), 0);
 	ck_assert_int_eq(tokenbucket_redis_open(&cli, srv.url, SEC, 500 * MS), 0);
 	tokenbucket_redis_script(&sha);
 }
@@ -466,9 +474,8 @@ END_TEST
 START_TEST(test_module_aof)
 {
 	server_stop(&srv, false);
-	const char *const extra[] = { "--loadmodule", TOKENBUCKET_MODULE_PATH, "--appendonly", "yes",
-				      "--enable-debug-command", "yes", NULL };
-	ck_assert_int_eq(server_start(&srv, extra), 0);
+	const char *const more[] = { "--appendonly", "yes", "--enable-debug-command", "yes", NULL };
+	ck_assert_int_eq(start_with_module(more), 0);
 	redisContext *c = server_admin(&srv);
 	ck_assert_ptr_nonnull(c);
 	const char *const calls[][7] = {
