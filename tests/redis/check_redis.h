@@ -31,6 +31,10 @@ long redis_sequences(long def);
 
 #define KEY(s) (s), strlen(s)
 
+/* Arguments after the key that the script refuses with "ERR tokenbucket: bad ...". */
+extern const char *const redis_bad_args[][7];
+extern const size_t redis_bad_args_count;
+
 /* Runs the suites (NULL-terminated); skips (77) or fails when !available. */
 int redis_run(Suite *const *suites, bool available, const char *missing);
 /*
@@ -46,5 +50,6 @@ Suite *redis_concurrency_suite(void);
 Suite *redis_expiry_suite(void);
 Suite *redis_badinput_suite(void);
 Suite *redis_api_suite(void);
+Suite *redis_module_suite(void);
 
 #endif

@@ -105,27 +105,10 @@ static redisReply *raw(redisContext *c, const char *key, const char *const args[
 
 START_TEST(test_raw_arguments)
 {
-	static const char *const bad[][7] = {
-		{ "fly", "", "1", "1", "1", "1", "0" },
-		{ "allow", "abc", "1", "1", "1", "1", "0" },
-		{ "allow", "9223372036854775808", "1", "1", "1", "1", "0" },
-		{ "allow", "-9223372036854775809", "1", "1", "1", "1", "0" },
-		{ "allow", "", "18446744073709551616", "1", "1", "1", "0" },
-		{ "allow", "", "1", "0", "1", "1", "0" },
-		{ "allow", "", "1", "9223372036854775808", "1", "1", "0" },
-		{ "allow", "", "1", "1", "4611686018427387905", "1", "0" },
-		{ "allow", "", "1", "1", "-1", "1", "0" },
-		{ "allow", "", "1", "1", "1", "123456789012345678901234567890", "0" },
-		{ "reserve", "", "1", "1", "1", "1", "x" },
-		{ "cancel", "", "1", "1", "1", "1", "" },
-		{ "reset", "", "1", "1", "1", "2", "0" },
-		{ "allow", "", " 1", "1", "1", "1", "0" },
-		{ "allow", "", "1.5", "1", "1", "1", "0" },
-	};
 	redisContext *c = server_admin(&srv);
 	ck_assert_ptr_nonnull(c);
-	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-		redisReply *r = raw(c, "k", bad[i]);
+	for (size_t i = 0; i < redis_bad_args_count; i++) {
+		redisReply *r = raw(c, "k", redis_bad_args[i]);
 		ck_assert_ptr_nonnull(r);
 		ck_assert_msg(r->type == REDIS_REPLY_ERROR && strncmp(r->str, "ERR tokenbucket: bad", 20) == 0,
 			      "case %zu: type %d %s", i, r->type, r->type == REDIS_REPLY_ERROR ? r->str : "");

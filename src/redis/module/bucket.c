@@ -1,0 +1,419 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The script's general path (src/redis/tokenbucket.lua, "the general path")
+ * in 128-bit integers.  The script does the same arithmetic in doubles and
+ * base-2^24 limbs, exact over the same ranges; every product here stays
+ * below 2^128 (the bounds are noted where they are not plain): t - clock <
+ * 2^64 ns, rates below 2^64, periods below 2^63, levels and debts below
+ * 2^62 + 1.  The script's common case decides like its general path, so
+ * one path here answers as both do.
+ */
+#include "bucket.h"
+
+#include <string.h>
+
+typedef unsigned __int128 u128;
+
+#define NEVER INT64_MAX
+#define U64MAX UINT64_MAX
+#define Q_MAX ((uint64_t)INT64_MAX)
+#define T62 ((uint64_t)1 << 62)
+#define DEBT_MAX (T62 - 1)
+
+static bool is_digit(char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+
+/* Up to 19 digits into v (below 10^19 < 2^64), checked and read in one
+ * pass; false at any other byte. */
+static bool digits(const char *p, size_t n, uint64_t *v)
+{
+	uint64_t x = 0;
+	for (size_t i = 0; i < n; i++) {
+		unsigned d = (unsigned)(unsigned char)p[i] - '0';
+		if (d > 9)
+			return false;
+		x = x * 10 + d;
+	}
+	*v = x;
+	return true;
+}
+
+/* A decimal int64 (readint): an optional '-', 1 to 19 digits. */
+static bool read_int(const char *p, size_t n, int64_t *out)
+{
+	bool neg = n > 0 && p[0] == '-';
+	if (neg)
+		p++, n--;
+	uint64_t v;
+	if (n == 0 || n > 19 || !digits(p, n, &v))
+		return false;
+	if (neg) {
+		if (v > (uint64_t)INT64_MAX + 1)
+			return false;
+		*out = (int64_t)(0 - v);
+	} else {
+		if (v > (uint64_t)INT64_MAX)
+			return false;
+		*out = (int64_t)v;
+	}
+	return true;
+}
+
+/* 1 to 20 digits, at most hi (unsigned). */
+static bool read_uint(const char *p, size_t n, uint64_t hi, uint64_t *out)
+{
+	uint64_t v;
+	if (n == 0 || n > 20 || !digits(p, n < 19 ? n : 19, &v))
+		return false;
+	if (n == 20) {
+		unsigned d = (unsigned)(unsigned char)p[19] - '0';
+		if (d > 9 || v > (UINT64_MAX - d) / 10)
+			return false;
+		v = v * 10 + d;
+	}
+	if (v > hi)
+		return false;
+	*out = v;
+	return true;
+}
+
+/* a - b for a >= b, exact in 64 bits. */
+static uint64_t tdiff(int64_t a, int64_t b)
+{
+	return (uint64_t)a - (uint64_t)b;
+}
+
+/* x / d and its remainder; one 64-bit division when x fits, as it does
+ * for every rate and time but the extremes. */
+static u128 div_rem(u128 x, uint64_t d, uint64_t *r)
+{
+	if ((x >> 64) == 0) {
+		uint64_t lo = (uint64_t)x;
+		*r = lo % d;
+		return lo / d;
+	}
+	*r = (uint64_t)(x % d);
+	return x / d;
+}
+
+struct bucket {
+	int64_t clock;
+	uint64_t tok, debt, rem, sp, sq, sb;
+};
+
+/* Adds k tokens, paying debt first, within burst. */
+static void credit(struct bucket *b, u128 k)
+{
+	if (b->debt != 0) {
+		if (k <= b->debt) {
+			b->debt -= (uint64_t)k;
+			return;
+		}
+		k -= b->debt;
+		b->debt = 0;
+	}
+	if (k < b->sb - b->tok)
+		b->tok += (uint64_t)k;
+	else
+		b->tok = b->sb;
+}
+
+/* Credits what the rate produced from clock to t, the remainder carried. */
+static void advance(struct bucket *b, int64_t t)
+{
+	if (t <= b->clock)
+		return;
+	if (b->sp != 0) {
+		/* < (2^64 - 1)^2 + 2^64 */
+		u128 x = (u128)tdiff(t, b->clock) * b->sp + b->rem;
+		u128 k = div_rem(x, b->sq, &b->rem);
+		if (k != 0)
+			credit(b, k);
+	}
+	b->clock = t;
+}
+
+/* The first time >= clock when d more tokens are produced (d >= 1, d <
+ * 2^64), or NEVER: clock + the least w with w p >= d q - rem. */
+static int64_t covered(const struct bucket *b, uint64_t d)
+{
+	if (b->sp == 0)
+		return NEVER;
+	u128 x = (u128)d * b->sq - b->rem; /* d q > rem, as rem < q */
+	uint64_t r;
+	u128 w = div_rem(x, b->sp, &r);
+	w += r != 0;
+	if (w >= (u128)1 << 64)
+		return NEVER;
+	__int128 t = (__int128)b->clock + (__int128)w;
+	return t >= NEVER ? NEVER : (int64_t)t;
+}
+
+/* Decimal texts by hand: printf's parsing of a format costs more than the
+ * rest of a call.  Each writes at most 20 characters and returns how many. */
+static size_t put_u64(char *d, uint64_t v)
+{
+	/* Two digits a step, from the end. */
+	static const char pairs[] = "00010203040506070809101112131415161718192021222324"
+				    "25262728293031323334353637383940414243444546474849"
+				    "50515253545556575859606162636465666768697071727374"
+				    "75767778798081828384858687888990919293949596979899";
+	char t[20];
+	size_t i = sizeof(t);
+	while (v >= 100) {
+		unsigned k = (unsigned)(v % 100) * 2;
+		v /= 100;
+		t[--i] = pairs[k + 1];
+		t[--i] = pairs[k];
+	}
+	if (v >= 10) {
+		t[--i] = pairs[v * 2 + 1];
+		t[--i] = pairs[v * 2];
+	} else {
+		t[--i] = (char)('0' + v);
+	}
+	size_t n = sizeof(t) - i;
+	memcpy(d, t + i, n);
+	return n;
+}
+
+static size_t put_i64(char *d, int64_t v)
+{
+	if (v >= 0)
+		return put_u64(d, (uint64_t)v);
+	d[0] = '-';
+	return 1 + put_u64(d + 1, 0 - (uint64_t)v);
+}
+
+/* The level: whole tokens, or the debt with a minus sign. */
+static size_t put_level(char *d, const struct bucket *b)
+{
+	if (b->debt == 0)
+		return put_u64(d, b->tok);
+	d[0] = '-';
+	return 1 + put_u64(d + 1, b->debt);
+}
+
+static bool eq(const struct tbm_str *s, const char *lit)
+{
+	size_t n = strlen(lit);
+	return s->n == n && memcmp(s->p, lit, n) == 0;
+}
+
+/* Splits "tb1 c l r a b u" as the script's pattern
+ * ^tb1 (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+) (%d+)$ does; false if it does
+ * not match.  f[0] is the clock with its sign, neg the level's sign. */
+static bool split(const char *p, size_t n, struct tbm_str f[6], bool *neg)
+{
+	if (n < 4 || memcmp(p, "tb1 ", 4) != 0)
+		return false;
+	size_t i = 4;
+	for (int k = 0; k < 6; k++) {
+		if (k > 0) {
+			if (i >= n || p[i] != ' ')
+				return false;
+			i++;
+		}
+		size_t start = i;
+		bool sign = (k == 0 || k == 1) && i < n && p[i] == '-';
+		if (k == 1)
+			*neg = sign;
+		if (sign) {
+			i++;
+			if (k == 1)
+				start = i;
+		}
+		size_t d = i;
+		while (i < n && is_digit(p[i]))
+			i++;
+		if (i == d)
+			return false;
+		f[k] = (struct tbm_str){ p + start, i - start };
+	}
+	return i == n;
+}
+
+static void fail(struct tbm_out *o, const char *e)
+{
+	o->error = e;
+}
+
+void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t server_ns,
+	      struct tbm_out *o)
+{
+	o->error = NULL;
+	o->write = o->expire = false;
+	enum { ALLOW, RESERVE, CANCEL, TOKENS, RESET } op;
+	if (eq(&arg[0], "allow"))
+		op = ALLOW;
+	else if (eq(&arg[0], "reserve"))
+		op = RESERVE;
+	else if (eq(&arg[0], "cancel"))
+		op = CANCEL;
+	else if (eq(&arg[0], "tokens"))
+		op = TOKENS;
+	else if (eq(&arg[0], "reset"))
+		op = RESET;
+	else
+		return fail(o, "ERR tokenbucket: bad op");
+
+	bool tm = arg[1].n == 0;
+	int64_t now = server_ns;
+	if (!tm) {
+		if (!read_int(arg[1].p, arg[1].n, &now))
+			return fail(o, "ERR tokenbucket: bad now");
+		/* INT64_MIN and INT64_MAX are no times: they read as their neighbours. */
+		if (now == INT64_MIN)
+			now++;
+		else if (now == INT64_MAX)
+			now--;
+	}
+	uint64_t p, q, burst, n;
+	if (!read_uint(arg[2].p, arg[2].n, U64MAX, &p) || !read_uint(arg[3].p, arg[3].n, Q_MAX, &q)
+	    || (p != 0 && q == 0))
+		return fail(o, "ERR tokenbucket: bad rate");
+	if (p == 0)
+		q = 1;
+	if (!read_uint(arg[4].p, arg[4].n, T62, &burst) || !read_uint(arg[5].p, arg[5].n, U64MAX, &n))
+		return fail(o, "ERR tokenbucket: bad burst or n");
+	int64_t xarg = 0;
+	if ((op == RESERVE || op == CANCEL) && !read_int(arg[6].p, arg[6].n, &xarg))
+		return fail(o, op == RESERVE ? "ERR tokenbucket: bad max_wait"
+					     : "ERR tokenbucket: bad time_to_act");
+	if (op == RESET && n > burst)
+		return fail(o, "ERR tokenbucket: bad reset level");
+
+	struct bucket b;
+	if (stored) {
+		static const char corrupt[] = "TBCORRUPT the value at this key is not a token bucket";
+		struct tbm_str f[6];
+		bool neg = false;
+		if (!split(stored->p, stored->n, f, &neg) || !read_int(f[0].p, f[0].n, &b.clock)
+		    || !read_uint(f[2].p, f[2].n, U64MAX, &b.rem)
+		    || !read_uint(f[3].p, f[3].n, U64MAX, &b.sp)
+		    || !read_uint(f[4].p, f[4].n, Q_MAX, &b.sq)
+		    || !read_uint(f[5].p, f[5].n, T62, &b.sb))
+			return fail(o, corrupt);
+		b.tok = b.debt = 0;
+		if (neg ? !read_uint(f[1].p, f[1].n, DEBT_MAX, &b.debt)
+			: !read_uint(f[1].p, f[1].n, T62, &b.tok))
+			return fail(o, corrupt);
+		if (b.clock == INT64_MIN || b.clock == INT64_MAX || b.sq == 0
+		    || (b.sp == 0 && b.sq != 1) || b.rem >= b.sq || b.tok > b.sb)
+			return fail(o, corrupt);
+	} else {
+		/* A new bucket is full and sees its first time now. */
+		b = (struct bucket){ .clock = now, .tok = burst, .sp = p, .sq = q, .sb = burst };
+	}
+
+	bool changed = false, reconf = false;
+	/* Another configuration: set_rate_every_at, then set_burst_at, at now. */
+	if ((u128)p * b.sq != (u128)b.sp * q) {
+		advance(&b, now);
+		if (p != 0 && b.sp != 0) {
+			/* The old fraction carries, rounded down to a ns of the new
+			 * rate, no further back than INT64_MIN + 1; carry * p < q. */
+			u128 carry = (u128)b.rem * q / ((u128)b.sq * p);
+			uint64_t room = tdiff(b.clock, INT64_MIN + 1);
+			if (carry > room)
+				carry = room;
+			b.rem = (uint64_t)(carry * p);
+		} else {
+			b.rem = 0;
+		}
+		b.sp = p, b.sq = q, changed = reconf = true;
+	}
+	if (burst != b.sb) {
+		advance(&b, now);
+		b.sb = burst, changed = reconf = true;
+		if (b.tok > b.sb)
+			b.tok = b.sb;
+	}
+
+	long long code = 1;
+	int64_t act = NEVER;
+	bool enough = false;
+	if (op == ALLOW || op == RESERVE) {
+		if (n > b.sb) {
+			code = 2;
+		} else {
+			advance(&b, now);
+			changed = true;
+			enough = b.debt == 0 && b.tok >= n;
+			/* Not enough: the debt after taking n, below 2^63. */
+			uint64_t d = enough ? 0 : n - b.tok + b.debt;
+			if (op == ALLOW) {
+				if (enough)
+					b.tok -= n, act = b.clock;
+				else
+					code = 0, act = covered(&b, d);
+			} else if (d > DEBT_MAX) {
+				code = 3;
+			} else {
+				act = d != 0 ? covered(&b, d) : b.clock;
+				/* max_wait INT64_MAX is no limit; no wait is short
+				 * enough for a negative one. */
+				bool ok = xarg == INT64_MAX;
+				if (!ok && act != NEVER && xarg >= 0)
+					ok = tdiff(act, b.clock) <= (uint64_t)xarg;
+				if (!ok)
+					code = 0;
+				else if (enough)
+					b.tok -= n;
+				else
+					b.tok = 0, b.debt = d;
+			}
+		}
+	} else if (op == CANCEL) {
+		if (n != 0) {
+			advance(&b, now);
+			changed = true;
+			if (b.clock <= xarg)
+				credit(&b, n);
+		}
+	} else if (op == TOKENS) {
+		advance(&b, now);
+		changed = true;
+	} else {
+		b.clock = now, b.rem = 0, b.tok = n, b.debt = 0, changed = true;
+	}
+
+	/* Full again at full; see the script's end for the expiry and for why
+	 * a refusal on the server's clock writes nothing. */
+	uint64_t missing = b.sb - b.tok + b.debt;
+	int64_t full = missing == 0 ? b.clock : covered(&b, missing);
+	if (tm && stored && !reconf && (code == 3 || (code == 0 && !enough)))
+		changed = false;
+
+	if (changed) {
+		/* "tb1 clock level rem p q burst": 4 + 6 * 21 characters at most. */
+		char *d = o->value;
+		memcpy(d, "tb1 ", 4);
+		d += 4;
+		d += put_i64(d, b.clock);
+		*d++ = ' ';
+		d += put_level(d, &b);
+		const uint64_t rest[4] = { b.rem, b.sp, b.sq, b.sb };
+		for (int i = 0; i < 4; i++) {
+			*d++ = ' ';
+			d += put_u64(d, rest[i]);
+		}
+		o->value_len = (size_t)(d - o->value);
+		o->write = true;
+		if (tm && full != NEVER) {
+			uint64_t w = tdiff(full, b.clock);
+			o->expire = true;
+			o->expire_ms = (int64_t)(w / 1000000 + (w % 1000000 != 0)) + 1000;
+		}
+	}
+	o->code = code;
+	o->field_len[0] = put_i64(o->field[0], b.clock);
+	o->field_len[1] = put_level(o->field[1], &b);
+	o->field_len[2] = put_u64(o->field[2], b.rem);
+	o->field_len[3] = put_u64(o->field[3], b.sq);
+	o->field_len[4] = put_i64(o->field[4], act);
+	o->field_len[5] = put_i64(o->field[5], full);
+}

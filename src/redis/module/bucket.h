@@ -1,0 +1,45 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * One call of the tokenbucket script (src/redis/tokenbucket.lua), computed
+ * in C on the same stored value, with the script's reply and error texts.
+ * Pure: no Redis here, so that the arithmetic can be checked on its own.
+ */
+#ifndef TOKENBUCKET_MODULE_BUCKET_H
+#define TOKENBUCKET_MODULE_BUCKET_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* A string argument as Redis hands it: bytes and a length, no NUL needed. */
+struct tbm_str {
+	const char *p;
+	size_t n;
+};
+
+/* The longest value written: "tb1 " and six decimals of at most 20
+ * characters each, with their spaces. */
+#define TBM_VALUE_MAX 136
+
+struct tbm_out {
+	const char *error;     /* an error reply's text, or NULL */
+	bool write;            /* write value (and the expiry below) */
+	bool expire;           /* expire_ms is the key's expiry */
+	int64_t expire_ms;     /* relative to the call's ms on the server's clock */
+	char value[TBM_VALUE_MAX];
+	size_t value_len;
+	long long code;
+	char field[6][24];     /* now, level, rem, q, act, full */
+	size_t field_len[6];
+};
+
+/*
+ * arg[0..6]: op now tokens period burst n arg, as sent to the script.
+ * stored: the key's value, or NULL for no key.  server_ns: the server's
+ * clock in ns (whole microseconds, as TIME gives), used only when now is
+ * "".  Fills out; never fails otherwise.
+ */
+void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t server_ns,
+	      struct tbm_out *out);
+
+#endif

@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The tokenbucket Redis module: the script's calls as native commands, on
+ * the same stored value (tokenbucket-redis-module(7)).
+ *
+ *   TOKENBUCKET.CALL key op now tokens period burst n arg
+ *   TOKENBUCKET.VERSION
+ *
+ * A write is replicated as the SET it made, with an absolute PXAT expiry,
+ * so that replicas and the AOF replay the result, never the server's clock.
+ */
+#include <string.h>
+#include <time.h>
+
+#include "bucket.h"
+#include "redismodule-api.h"
+
+#define TB_EXPORT __attribute__((visibility("default")))
+
+/* The server's clock in ns, whole microseconds as TIME gives them. */
+static int64_t server_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec / 1000 * 1000;
+}
+
+static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+	if (argc != 9)
+		return RedisModule_ReplyWithError(ctx, "ERR tokenbucket: bad argument count");
+	struct tbm_str arg[7];
+	for (int i = 0; i < 7; i++)
+		arg[i].p = RedisModule_StringPtrLen(argv[i + 2], &arg[i].n);
+	int64_t ns = server_ns();
+
+	RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+	struct tbm_str stored, *sp = NULL;
+	int type = RedisModule_KeyType(key);
+	if (type == REDISMODULE_KEYTYPE_STRING) {
+		stored.p = RedisModule_StringDMA(key, &stored.n, REDISMODULE_READ);
+		sp = &stored;
+	} else if (type != REDISMODULE_KEYTYPE_EMPTY) {
+		RedisModule_CloseKey(key);
+		return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
+	}
+	struct tbm_out out;
+	tbm_call(arg, sp, ns, &out);
+	if (out.error) {
+		RedisModule_CloseKey(key);
+		return RedisModule_ReplyWithError(ctx, out.error);
+	}
+	if (out.write) {
+		/* In place: the string resized (or made, for a new key) and
+		 * written through its pointer, which keeps any expiry; the
+		 * expiry is then set or removed as a SET would. */
+		size_t len;
+		char *dst = NULL;
+		if (RedisModule_StringTruncate(key, out.value_len) == REDISMODULE_OK)
+			dst = RedisModule_StringDMA(key, &len, REDISMODULE_WRITE);
+		/* Only a key that is not a string fails here, checked above. */
+		if (dst == NULL || len != out.value_len) {
+			RedisModule_CloseKey(key);
+			return RedisModule_ReplyWithError(ctx, "ERR tokenbucket: the value could not be written");
+		}
+		memcpy(dst, out.value, len);
+		if (out.expire) {
+			long long at = ns / 1000000 + out.expire_ms;
+			RedisModule_SetAbsExpire(key, at);
+			RedisModule_Replicate(ctx, "SET", "sbcl", argv[1], out.value, out.value_len,
+					      "PXAT", at);
+		} else {
+			RedisModule_SetExpire(key, REDISMODULE_NO_EXPIRE);
+			RedisModule_Replicate(ctx, "SET", "sb", argv[1], out.value, out.value_len);
+		}
+	}
+	RedisModule_CloseKey(key);
+	RedisModule_ReplyWithArray(ctx, 7);
+	RedisModule_ReplyWithLongLong(ctx, out.code);
+	for (int i = 0; i < 6; i++)
+		RedisModule_ReplyWithStringBuffer(ctx, out.field[i], out.field_len[i]);
+	return REDISMODULE_OK;
+}
+
+static int tb_version(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+	(void)argv;
+	if (argc != 1)
+		return RedisModule_ReplyWithError(ctx, "ERR tokenbucket: bad argument count");
+	return RedisModule_ReplyWithStringBuffer(ctx, TOKENBUCKET_MODULE_VERSION,
+						 sizeof(TOKENBUCKET_MODULE_VERSION) - 1);
+}
+
+TB_EXPORT int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
+
+int RedisModule_OnLoad(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
+{
+	(void)argv;
+	(void)argc;
+	if (tb_api_init(ctx, "tokenbucket", TOKENBUCKET_MODULE_VERNUM) != REDISMODULE_OK)
+		return REDISMODULE_ERR;
+	if (RedisModule_CreateCommand(ctx, "tokenbucket.call", tb_call, "write deny-oom fast", 1, 1,
+				      1) != REDISMODULE_OK
+	    || RedisModule_CreateCommand(ctx, "tokenbucket.version", tb_version, "readonly fast", 0,
+					 0, 0) != REDISMODULE_OK)
+		return REDISMODULE_ERR;
+	return REDISMODULE_OK;
+}

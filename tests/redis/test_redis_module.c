@@ -1,0 +1,535 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The Redis module (src/redis/module) against the script and the local
+ * library, in a redis-server that loads it: the same sequences through
+ * both, every reply equal byte for byte and every stored value equal; keys
+ * handed back and forth between them; hostile values and bad arguments
+ * refused alike and left as they were; the server's clock; a replica (which
+ * does not load the module) holding what the primary holds.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+
+#include "check_redis.h"
+#include "sequence.h"
+
+static const char *const ops[] = { "allow", "reserve", "cancel", "tokens", "reset" };
+static const char *sha;
+
+/* Starts srv loading the module, with more options (NULL-terminated). */
+static int start_with_module(const char *const *more)
+{
+	const char *extra[16] = { "--loadmodule", TOKENBUCKET_MODULE_PATH };
+	for (int i = 0; more != NULL && more[i] != NULL && i < 13; i++)
+		extra[2 + i] = more[i];
+	/* A sanitizer's runtime for an instrumented module in an uninstrumented
+	 * server (.ci/sanitize asan sets it); only the server gets it. */
+	const char *preload = getenv("TOKENBUCKET_MODULE_PRELOAD");
+	if (preload != NULL && *preload != '\0' && setenv("LD_PRELOAD", preload, 1) != 0)
+		return -1;
+	int started = server_start(&srv, extra);
+	if (preload != NULL && *preload != '\0')
+		unsetenv("LD_PRELOAD");
+	return started;
+}
+
+static void module_setup(void)
+{
+	ck_assert_int_eq(start_with_module(NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_open(&cli, srv.url, SEC, 500 * MS), 0);
+	tokenbucket_redis_script(&sha);
+}
+
+/* EVALSHA of the script (loaded first) or TOKENBUCKET.CALL, on key, args. */
+static redisReply *call(redisContext *c, bool module, const char *key, size_t klen,
+			const char *const args[7])
+{
+	const char *argv[11];
+	size_t lens[11];
+	int n = 0;
+	if (module) {
+		argv[n++] = "TOKENBUCKET.CALL";
+	} else {
+		argv[n++] = "EVAL";
+		argv[n++] = tokenbucket_redis_script(NULL);
+		argv[n++] = "1";
+	}
+	for (int i = 0; i < n; i++)
+		lens[i] = strlen(argv[i]);
+	argv[n] = key, lens[n++] = klen;
+	for (int i = 0; i < 7; i++)
+		argv[n] = args[i], lens[n++] = strlen(args[i]);
+	redisReply *r = redisCommandArgv(c, n, argv, lens);
+	ck_assert_ptr_nonnull(r);
+	return r;
+}
+
+static bool same_reply(const redisReply *a, const redisReply *b)
+{
+	if (a->type != b->type)
+		return false;
+	switch (a->type) {
+	case REDIS_REPLY_INTEGER:
+		return a->integer == b->integer;
+	case REDIS_REPLY_ARRAY:
+		if (a->elements != b->elements)
+			return false;
+		for (size_t i = 0; i < a->elements; i++)
+			if (!same_reply(a->element[i], b->element[i]))
+				return false;
+		return true;
+	case REDIS_REPLY_NIL:
+		return true;
+	default:
+		return a->len == b->len && memcmp(a->str, b->str, a->len) == 0;
+	}
+}
+
+/* GET key: a copy of the value (or NULL for none) and its length. */
+static char *get(redisContext *c, const char *key, size_t *len)
+{
+	redisReply *r = redisCommand(c, "GET %s", key);
+	ck_assert_ptr_nonnull(r);
+	char *v = NULL;
+	*len = 0;
+	if (r->type == REDIS_REPLY_STRING) {
+		v = malloc(r->len + 1);
+		ck_assert_ptr_nonnull(v);
+		memcpy(v, r->str, r->len);
+		*len = r->len;
+	}
+	freeReplyObject(r);
+	return v;
+}
+
+static long long integer(redisContext *c, const char *fmt, const char *key)
+{
+	redisReply *r = redisCommand(c, fmt, key);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_INTEGER);
+	long long v = r->integer;
+	freeReplyObject(r);
+	return v;
+}
+
+static void assert_same_value(redisContext *c, const char *a, const char *b)
+{
+	size_t la, lb;
+	char *va = get(c, a, &la), *vb = get(c, b, &lb);
+	ck_assert_msg((va == NULL) == (vb == NULL) && la == lb && (la == 0 || memcmp(va, vb, la) == 0),
+		      "%s holds %.*s, %s holds %.*s", a, (int)la, va ? va : "", b, (int)lb,
+		      vb ? vb : "");
+	free(va);
+	free(vb);
+}
+
+/* One sequence: the script on s:, the module on m:, and both by turns on
+ * x:, every reply equal to the script's and agreeing with the local
+ * library, every value equal, no expiry (all calls are _at). */
+static int module_sequence(redisContext *c, uint64_t seed, int steps, long index)
+{
+	char ks[48], km[48], kx[48];
+	snprintf(ks, sizeof(ks), "s:%ld", index);
+	snprintf(km, sizeof(km), "m:%ld", index);
+	snprintf(kx, sizeof(kx), "x:%ld", index);
+	struct seq s;
+	struct seq_step st;
+	struct seq_expect ex;
+	ck_assert_int_eq(seq_start(&s, seed, steps), 0);
+	uint64_t turn = seed;
+	int done = 0;
+	while (seq_next(&s, &st, &ex)) {
+		ck_assert(ex.err != -EFAULT);
+		char now[24], tok[24], per[24], bur[24], n[24], arg[24];
+		snprintf(now, sizeof(now), "%" PRId64, st.now);
+		snprintf(tok, sizeof(tok), "%" PRIu64, st.lim.tokens);
+		snprintf(per, sizeof(per), "%" PRId64, st.lim.tokens ? st.lim.period_ns : 1);
+		snprintf(bur, sizeof(bur), "%" PRIu64, st.lim.burst);
+		snprintf(n, sizeof(n), "%" PRIu64, st.n);
+		snprintf(arg, sizeof(arg), "%" PRId64,
+			 (st.op == TOKENBUCKET_REDIS_RESERVE || st.op == TOKENBUCKET_REDIS_CANCEL) ? st.arg
+												  : 0);
+		const char *const args[7] = { ops[st.op], now, tok, per, bur, n, arg };
+		redisReply *rs = call(c, false, ks, strlen(ks), args);
+		redisReply *rm = call(c, true, km, strlen(km), args);
+		redisReply *rx = call(c, seq_rand(&turn) & 1, kx, strlen(kx), args);
+		ck_assert_msg(same_reply(rs, rm), "%s step %d (%s): the module's reply differs", km,
+			      done, ops[st.op]);
+		ck_assert_msg(same_reply(rs, rx), "%s step %d (%s): by turns, the reply differs", kx,
+			      done, ops[st.op]);
+		if (ex.code < 0) {
+			ck_assert_int_eq(rm->type, REDIS_REPLY_ERROR);
+		} else {
+			ck_assert(rm->type == REDIS_REPLY_ARRAY && rm->elements == 7);
+			ck_assert_msg(rm->element[0]->integer == ex.code, "%s step %d: code %lld, local %d",
+				      km, done, rm->element[0]->integer, ex.code);
+			if (st.op == TOKENBUCKET_REDIS_RESERVE && ex.code == 1)
+				ck_assert_int_eq(strtoll(rm->element[5]->str, NULL, 10), ex.act);
+			if (st.op == TOKENBUCKET_REDIS_TOKENS) {
+				/* As the client reads it: the fraction rounded once,
+				 * at most burst. */
+				double v = (double)strtoll(rm->element[2]->str, NULL, 10) +
+					   (double)(strtold(rm->element[3]->str, NULL) /
+						    strtold(rm->element[4]->str, NULL));
+				if (v > (double)st.lim.burst)
+					v = (double)st.lim.burst;
+				ck_assert_msg(fabs(v - ex.tokens) <=
+						      4 * DBL_EPSILON * fmax(1, fabs(ex.tokens)),
+					      "%s step %d: tokens %.17g, local %.17g", km, done, v,
+					      ex.tokens);
+			}
+		}
+		freeReplyObject(rs);
+		freeReplyObject(rm);
+		freeReplyObject(rx);
+		assert_same_value(c, ks, km);
+		assert_same_value(c, ks, kx);
+		/* A call at the caller's time sets no expiry (-2: no key). */
+		ck_assert_int_le(integer(c, "PTTL %s", km), -1);
+		done++;
+	}
+	seq_end(&s);
+	return done;
+}
+
+START_TEST(test_module_differential)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	long count = redis_sequences(10000) / 4;
+	long steps = 0;
+	for (long i = 0; i < count; i++)
+		steps += module_sequence(c, 0x5eed0d01u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
+	printf("redis module differential: %ld steps in %ld sequences, module = script = local\n",
+	       steps, count);
+	redisFree(c);
+}
+END_TEST
+
+START_TEST(test_module_version)
+{
+	redisContext *c = server_admin(&srv);
+	redisReply *r = redisCommand(c, "TOKENBUCKET.VERSION");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	ck_assert_str_eq(r->str, TOKENBUCKET_VERSION_STRING);
+	freeReplyObject(r);
+	r = redisCommand(c, "TOKENBUCKET.VERSION x");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
+	freeReplyObject(r);
+	redisFree(c);
+}
+END_TEST
+
+/* Each random value at a key, through the script on one key and the module
+ * on another: the same reply, and the same value after (a refused one as
+ * it was).  Values are made mostly of the stored format's bytes, so that
+ * they reach every field's checks. */
+START_TEST(test_module_hostile)
+{
+	static const char *const fixed[] = {
+		"", "tb1", "tb1 1 2 0 1 1", "tb1 1 2 0 1 1 3 4", "tb2 1 2 0 1 1 3", "tb1 1 4 0 1 1 3",
+		"tb1 1 2 3 1 3 3", "tb1 1 2 0 1 0 3", "tb1 1 2 0 0 2 3",
+		"tb1 -9223372036854775808 2 0 1 1 3", "tb1 9223372036854775807 2 0 1 1 3",
+		"tb1 1 2 0 1 1 4611686018427387905", "tb1 1 -4611686018427387904 0 1 1 3",
+		"tb1 1 2 0 1 9223372036854775808 3", "tb1 1 2 0 18446744073709551616 1 3",
+		"tb1 99999999999999999999 2 0 1 1 3", "tb1 1 2 0 1 1 3\n", "tb1  1 2 0 1 1 3",
+		"tb1 1 2 0 1 1 +3", "tb1 1 2 0 1 1 0x3", "tb1 1 -0 0 1 1 3", "tb1 -5 007 0 1 1 9",
+		"tb1 1 2\0 0 1 1 3",
+	};
+	static const char alphabet[] = "tb1 -0123456789 9 x\n";
+	const char *const args[][7] = {
+		{ "allow", "1000", "1", "1", "3", "1", "0" },
+		{ "reserve", "1000", "1", "1000", "3", "2", "5000" },
+		{ "cancel", "1000", "1", "1", "3", "1", "2000" },
+		{ "tokens", "5", "7", "3", "9", "0", "0" },
+		{ "reset", "1000", "1", "1", "3", "2", "0" },
+	};
+	redisContext *c = server_admin(&srv);
+	uint64_t rng = 0x4057113u;
+	long refused = 0, taken = 0;
+	for (int i = 0; i < 4000; i++) {
+		char v[64];
+		size_t len;
+		if (i < (int)(sizeof(fixed) / sizeof(fixed[0]))) {
+			/* The last one holds a NUL. */
+			len = i == (int)(sizeof(fixed) / sizeof(fixed[0])) - 1
+				      ? sizeof("tb1 1 2\0 0 1 1 3") - 1
+				      : strlen(fixed[i]);
+			memcpy(v, fixed[i], len);
+		} else if (i % 2 == 0) {
+			/* Six small fields, signs and leading zeros included: many
+			 * are buckets, many break one invariant. */
+			static const char *const f[] = { "0", "1", "2", "3", "-0", "-1", "-2", "007",
+							 "4", "00", "1000", "-1000" };
+			size_t nf = sizeof(f) / sizeof(f[0]);
+			int w = snprintf(v, sizeof(v), "tb1 %s %s %s %s %s %s",
+					 f[seq_rand(&rng) % nf], f[seq_rand(&rng) % nf],
+					 f[seq_rand(&rng) % 4], f[seq_rand(&rng) % 4],
+					 f[seq_rand(&rng) % 5], f[seq_rand(&rng) % nf]);
+			len = (size_t)w;
+		} else {
+			/* "tb1 " then random fields, sometimes a random byte. */
+			memcpy(v, "tb1 ", 4);
+			len = 4 + seq_rand(&rng) % 40;
+			for (size_t j = 4; j < len; j++) {
+				uint64_t x = seq_rand(&rng);
+				v[j] = x % 50 == 0 ? (char)(x >> 8) : alphabet[x % (sizeof(alphabet) - 1)];
+			}
+		}
+		const char *const *a = args[i % 5];
+		for (int m = 0; m < 2; m++) {
+			redisReply *r = redisCommand(c, "SET %s %b", m ? "hm" : "hs", v, len);
+			freeReplyObject(r);
+		}
+		redisReply *rs = call(c, false, "hs", 2, a);
+		redisReply *rm = call(c, true, "hm", 2, a);
+		ck_assert_msg(same_reply(rs, rm), "value %d (%.*s): the module's reply differs", i,
+			      (int)len, v);
+		if (rm->type == REDIS_REPLY_ERROR) {
+			ck_assert_str_eq(rm->str, "TBCORRUPT the value at this key is not a token bucket");
+			size_t l;
+			char *after = get(c, "hm", &l);
+			ck_assert(after != NULL && l == len && memcmp(after, v, len) == 0);
+			free(after);
+			refused++;
+		} else {
+			taken++;
+		}
+		freeReplyObject(rs);
+		freeReplyObject(rm);
+		assert_same_value(c, "hs", "hm");
+	}
+	printf("redis module hostile values: %ld refused unchanged, %ld read as buckets, alike\n",
+	       refused, taken);
+	/* Another type: WRONGTYPE, nothing changed. */
+	freeReplyObject(redisCommand(c, "RPUSH l a"));
+	redisReply *r = call(c, true, "l", 1, (const char *const[7]){ "allow", "", "1", "1", "3", "1", "0" });
+	ck_assert(r->type == REDIS_REPLY_ERROR && strncmp(r->str, "WRONGTYPE", 9) == 0);
+	freeReplyObject(r);
+	ck_assert_int_eq(integer(c, "LLEN %s", "l"), 1);
+	redisFree(c);
+}
+END_TEST
+
+START_TEST(test_module_arguments)
+{
+	/* The script's refusals, then edges it accepts. */
+	static const char *const edges[][7] = {
+		{ "allow", "", "0", "0", "1", "1", "zz" }, /* rate 0 with period 0; arg ignored */
+		{ "allow", "", "00000000000000000001", "1", "1", "1", "0" },
+		{ "allow", "-9223372036854775808", "1", "1", "1", "1", "0" },
+		{ "allow", "9223372036854775807", "1", "1", "1", "1", "0" },
+	};
+	size_t nedges = sizeof(edges) / sizeof(edges[0]);
+	redisContext *c = server_admin(&srv);
+	for (size_t i = 0; i < redis_bad_args_count + nedges; i++) {
+		const char *const *a = i < redis_bad_args_count ? redis_bad_args[i]
+								: edges[i - redis_bad_args_count];
+		char k[32];
+		snprintf(k, sizeof(k), "a%zu", i);
+		redisReply *rs = call(c, false, "as", 2, a);
+		redisReply *rm = call(c, true, k, strlen(k), a);
+		/* Replies on the server's clock carry different times; compare
+		 * errors and codes. */
+		ck_assert_int_eq(rs->type, rm->type);
+		ck_assert_int_eq(rm->type, i < redis_bad_args_count ? REDIS_REPLY_ERROR
+								     : REDIS_REPLY_ARRAY);
+		if (rm->type == REDIS_REPLY_ERROR)
+			ck_assert_str_eq(rs->str, rm->str);
+		else
+			ck_assert_int_eq(rs->element[0]->integer, rm->element[0]->integer);
+		if (rm->type == REDIS_REPLY_ERROR)
+			ck_assert_int_eq(integer(c, "EXISTS %s", k), 0);
+		freeReplyObject(rs);
+		freeReplyObject(rm);
+		freeReplyObject(redisCommand(c, "DEL as"));
+	}
+	const char *counts[] = { "TOKENBUCKET.CALL", "TOKENBUCKET.CALL k allow",
+				 "TOKENBUCKET.CALL k allow 1 1 1 1 1 0 extra" };
+	for (size_t i = 0; i < 3; i++) {
+		redisReply *r = redisCommand(c, counts[i]);
+		ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
+		freeReplyObject(r);
+	}
+	redisReply *r = redisCommandArgv(c, 2, (const char *[]){ "TOKENBUCKET.CALL", "k" }, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
+	ck_assert_str_eq(r->str, "ERR tokenbucket: bad argument count");
+	freeReplyObject(r);
+	ck_assert_int_eq(integer(c, "EXISTS %s", "k"), 0);
+	redisFree(c);
+}
+END_TEST
+
+/* The server's clock: an expiry a second past full, a refusal that writes
+ * nothing, keys handed between the script and the module. */
+START_TEST(test_module_server_clock)
+{
+	redisContext *c = server_admin(&srv);
+	/* 1 token per 100 s, burst 2: full again 100 s after one is taken. */
+	const char *const take[7] = { "allow", "", "1", "100000000000", "2", "1", "0" };
+	for (int i = 0; i < 4; i++) {
+		/* Script and module by turns on one key: granted, granted, refused, refused. */
+		redisReply *r = call(c, i & 1, "sc", 2, take);
+		ck_assert(r->type == REDIS_REPLY_ARRAY);
+		ck_assert_int_eq(r->element[0]->integer, i < 2);
+		freeReplyObject(r);
+		long long pttl = integer(c, "PTTL %s", "sc");
+		if (i < 2)
+			ck_assert(pttl > 100000 * (i + 1) - 30000 && pttl <= 100000 * (i + 1) + 1000);
+		size_t l1, l2;
+		char *before = get(c, "sc", &l1);
+		long long at = integer(c, "PEXPIRETIME %s", "sc");
+		if (i >= 2) {
+			/* The refusal left value and expiry alone; a third call checks. */
+			redisReply *q = call(c, true, "sc", 2, take);
+			ck_assert_int_eq(q->element[0]->integer, 0);
+			freeReplyObject(q);
+			char *after = get(c, "sc", &l2);
+			ck_assert(l1 == l2 && memcmp(before, after, l1) == 0);
+			ck_assert_int_eq(integer(c, "PEXPIRETIME %s", "sc"), at);
+			free(after);
+		}
+		free(before);
+	}
+	/* A call at the caller's time writes the key without an expiry. */
+	const char *const at[7] = { "tokens", "1", "1", "100000000000", "2", "0", "0" };
+	freeReplyObject(call(c, true, "nx", 2, at));
+	ck_assert_int_eq(integer(c, "PTTL %s", "nx"), -1);
+	freeReplyObject(call(c, true, "sc", 2, (const char *const[7]){ "reset", "1", "1", "100000000000", "2", "0", "0" }));
+	ck_assert_int_eq(integer(c, "PTTL %s", "sc"), -1);
+	redisFree(c);
+}
+END_TEST
+
+static int wait_replica(redisContext *c)
+{
+	redisReply *r = redisCommand(c, "WAIT 1 5000");
+	int n = r != NULL && r->type == REDIS_REPLY_INTEGER ? (int)r->integer : -1;
+	freeReplyObject(r);
+	return n;
+}
+
+/* A replica that does not load the module: it gets SETs, and holds the
+ * primary's values and absolute expiries. */
+START_TEST(test_module_replica)
+{
+	struct server rep;
+	char port[16];
+	snprintf(port, sizeof(port), "%d", srv.port);
+	const char *const extra[] = { "--replicaof", "127.0.0.1", port, NULL };
+	ck_assert_int_eq(server_start(&rep, extra), 0);
+	redisContext *c = server_admin(&srv), *rc = server_admin(&rep);
+	ck_assert(c != NULL && rc != NULL);
+	/* The link is up once a write is acknowledged. */
+	for (int i = 0; i < 100 && wait_replica(c) != 1; i++) {
+		freeReplyObject(redisCommand(c, "SET ping 1"));
+		nanosleep(&(struct timespec){ 0, 50000000 }, NULL);
+	}
+	const char *const calls[][7] = {
+		{ "allow", "", "1", "100000000000", "3", "1", "0" },
+		{ "reserve", "", "1", "100000000000", "3", "3", "9223372036854775807" },
+		{ "allow", "", "1", "100000000000", "3", "1", "0" }, /* refused: no write */
+		{ "cancel", "", "1", "100000000000", "3", "2", "9223372036854775806" },
+		{ "reset", "5", "7", "3", "9", "4", "0" },
+		{ "tokens", "", "0", "1", "9", "0", "0" },
+	};
+	const char *keys[] = { "r1", "r2" };
+	for (size_t k = 0; k < 2; k++)
+		for (size_t i = 0; i < sizeof(calls) / sizeof(calls[0]); i++)
+			freeReplyObject(call(c, true, keys[k], 2, calls[(i + k) % 6]));
+	ck_assert_int_eq(wait_replica(c), 1);
+	for (size_t k = 0; k < 2; k++) {
+		size_t l1, l2;
+		char *v1 = get(c, keys[k], &l1), *v2 = get(rc, keys[k], &l2);
+		ck_assert(v1 != NULL && v2 != NULL && l1 == l2 && memcmp(v1, v2, l1) == 0);
+		ck_assert_int_eq(integer(c, "PEXPIRETIME %s", keys[k]),
+				 integer(rc, "PEXPIRETIME %s", keys[k]));
+		free(v1);
+		free(v2);
+	}
+	/* The module's command itself never reaches the replica. */
+	redisReply *r = redisCommand(rc, "INFO commandstats");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	ck_assert_ptr_null(strstr(r->str, "tokenbucket"));
+	ck_assert_ptr_nonnull(strstr(r->str, "cmdstat_set:"));
+	freeReplyObject(r);
+	redisFree(c);
+	redisFree(rc);
+	server_stop(&rep, false);
+}
+END_TEST
+
+/* The AOF holds the writes, not the command: reloading it (DEBUG LOADAOF
+ * empties the data set and replays the file) gives back every value and
+ * expiry as they were, which replaying a command on the server's clock
+ * would not. */
+START_TEST(test_module_aof)
+{
+	server_stop(&srv, false);
+	const char *const more[] = { "--appendonly", "yes", "--enable-debug-command", "yes", NULL };
+	ck_assert_int_eq(start_with_module(more), 0);
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	const char *const calls[][7] = {
+		{ "allow", "", "1", "100000000000", "3", "1", "0" },
+		{ "reserve", "", "1", "100000000000", "3", "3", "9223372036854775807" },
+		{ "reset", "5", "7", "3", "9", "4", "0" },
+	};
+	const char *keys[] = { "f1", "f2", "f3" };
+	for (size_t k = 0; k < 3; k++)
+		for (size_t i = 0; i <= k; i++)
+			freeReplyObject(call(c, true, keys[k], 2, calls[i]));
+	char *before[3];
+	size_t len[3];
+	long long at[3];
+	for (size_t k = 0; k < 3; k++) {
+		before[k] = get(c, keys[k], &len[k]);
+		at[k] = integer(c, "PEXPIRETIME %s", keys[k]);
+	}
+	/* Later on the server's clock, so that a replayed command would differ. */
+	nanosleep(&(struct timespec){ 0, 20000000 }, NULL);
+	redisReply *r = redisCommand(c, "DEBUG LOADAOF");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STATUS);
+	freeReplyObject(r);
+	for (size_t k = 0; k < 3; k++) {
+		size_t l;
+		char *after = get(c, keys[k], &l);
+		ck_assert(after != NULL && l == len[k] && memcmp(after, before[k], l) == 0);
+		ck_assert_int_eq(integer(c, "PEXPIRETIME %s", keys[k]), at[k]);
+		free(after);
+		free(before[k]);
+	}
+	redisFree(c);
+	/* The AOF's directory, which the fixture's cleanup does not know. */
+	server_stop(&srv, true);
+	char aof[160];
+	snprintf(aof, sizeof(aof), "%s/appendonlydir", srv.dir);
+	DIR *d = opendir(aof);
+	struct dirent *e;
+	while (d != NULL && (e = readdir(d)) != NULL)
+		if (e->d_name[0] != '.')
+			unlinkat(dirfd(d), e->d_name, 0);
+	if (d != NULL)
+		closedir(d);
+	rmdir(aof);
+}
+END_TEST
+
+Suite *redis_module_suite(void)
+{
+	Suite *s = suite_create("redis-module");
+	redis_tcase(s, "module", module_setup, 240,
+		    (const TTest *const[]){ test_module_version, test_module_differential,
+					    test_module_hostile, test_module_arguments,
+					    test_module_server_clock, test_module_replica,
+					    test_module_aof, NULL });
+	return s;
+}
