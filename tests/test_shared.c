@@ -665,6 +665,45 @@ START_TEST(dead_writer_recovered)
 }
 END_TEST
 
+/*
+ * A writer killed while another one waits for the lock: the waiter's
+ * bounded wait ends in EOWNERDEAD (not a timeout), it repairs the freeze
+ * and its own change goes through.
+ */
+START_TEST(dead_writer_while_waiting)
+{
+	char name[64];
+	struct tokenbucket *tb = fresh(name, "deadwait", 1, MS, 10);
+	ck_assert_int_eq(tokenbucket_reset_at(tb, SEC, 0), 0);
+	int ready[2];
+	ck_assert_int_eq(pipe(ready), 0);
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		pthread_mutex_lock(&tb->writer);
+		atomic_store(&tb->frozen_at, SEC + 2 * MS);
+		atomic_fetch_add(&tb->gen, 1);
+		(void)!write(ready[1], "x", 1);
+		/* Long enough for the parent to be waiting; well inside its 2 s. */
+		usleep(300 * 1000);
+		raise(SIGKILL);
+	}
+	char c;
+	ck_assert_int_eq(read(ready[0], &c, 1), 1);
+	ck_assert_int_eq(tokenbucket_set_rate_every_at(tb, SEC + 5 * MS, 2, MS), 0);
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFSIGNALED(st));
+	ck_assert_uint_eq(atomic_load(&tb->gen) & 1, 0);
+	/* 5 tokens at 1/ms up to 5 ms, then 2/ms: 7 at 6 ms. */
+	ck_assert_tokens(tokenbucket_tokens_at(tb, SEC + 6 * MS), 7);
+	ck_assert_int_eq(tokenbucket_set_burst_at(tb, SEC + 6 * MS, 10), 0);
+	close(ready[0]);
+	close(ready[1]);
+	done(tb, name);
+}
+END_TEST
+
 enum { TAKERS = 4, CHANGERS = 2, KILLS = 400 };
 
 struct storm {
@@ -1120,6 +1159,7 @@ Suite *shared_suite(void)
 	tc = tcase_create("crashes");
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, dead_writer_recovered);
+	tcase_add_test(tc, dead_writer_while_waiting);
 	tcase_add_test(tc, dead_reset_before_first_time);
 	tcase_add_test(tc, sigkill_storm);
 	suite_add_tcase(s, tc);
