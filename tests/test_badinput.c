@@ -18,7 +18,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "../src/internal.h"
+#include "core.h"
 #include "check_tb.h"
 
 #define SENTINEL ((struct tokenbucket *)0x5)

@@ -28,7 +28,7 @@
 #include <unistd.h>
 
 #include "check_tb.h"
-#include "../src/internal.h"
+#include "core.h"
 
 /* Offsets of the header fields (src/shared.c): magic, ready, layout, major, sizes. */
 enum { H_MAGIC = 0, H_READY = 8, H_LAYOUT = 12, H_MAJOR = 16, H_STATE_SIZE = 24 };

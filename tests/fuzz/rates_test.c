@@ -11,7 +11,7 @@
 #include <stdio.h>
 
 #include "model.h"
-#include "../../src/internal.h"
+#include "core.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15u;
 

@@ -9,7 +9,7 @@
 #include <float.h>
 #include <math.h>
 
-#include "internal.h"
+#include "core.h"
 
 typedef tb__u128 u128;
 

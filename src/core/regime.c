@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "core.h"
 
 int tb__bucket_check(uint64_t burst, unsigned flags)
 {

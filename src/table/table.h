@@ -14,7 +14,7 @@
 #ifndef TOKENBUCKET_TABLE_H
 #define TOKENBUCKET_TABLE_H
 
-#include "internal.h"
+#include "core.h"
 
 /* "TBTABLE\0" read as a little-endian word. */
 #define TBT_MAGIC UINT64_C(0x00454c4241544254)

@@ -6,8 +6,8 @@
  * Every shared word is a naturally aligned 8-byte (or smaller) atomic, so the
  * state is lock-free and address-free wherever 8-byte compare-and-swap is.
  */
-#ifndef TOKENBUCKET_INTERNAL_H
-#define TOKENBUCKET_INTERNAL_H
+#ifndef TOKENBUCKET_CORE_H
+#define TOKENBUCKET_CORE_H
 
 #include <pthread.h>
 #include <stdalign.h>
@@ -637,4 +637,4 @@ tb__fast_take(struct tokenbucket *tb, int64_t now, uint64_t n, uint64_t burst, i
 	return TB__FAST_SLOW;
 }
 
-#endif /* TOKENBUCKET_INTERNAL_H */
+#endif /* TOKENBUCKET_CORE_H */

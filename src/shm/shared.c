@@ -19,7 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "core.h"
 
 /* "TBUCKET\0" read as a little-endian word: a bucket, of any layout. */
 #define TB__MAGIC UINT64_C(0x0054454b43554254)

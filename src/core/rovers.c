@@ -10,7 +10,7 @@
  * consistent (on x86-64 the loads are plain moves); loads that only seed a
  * CAS are relaxed, since the CAS checks them.
  */
-#include "internal.h"
+#include "core.h"
 
 void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
 {
