@@ -9,7 +9,7 @@
 #include <errno.h>
 #include <math.h>
 
-#include "core.h"
+#include "rovers.h"
 
 /* The general path of allow_at: any regime, time and level. */
 static bool allow_slow(struct tokenbucket *tb, int64_t now, uint64_t n)

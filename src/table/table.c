@@ -20,6 +20,7 @@
 #include <sys/random.h>
 
 #include "siphash.h"
+#include "shm.h"
 #include "table.h"
 
 /* Table handles say how their memory was obtained. */
