@@ -174,6 +174,11 @@ double tb__rate_value(const struct tb__view *v);
 uint64_t tb__carry(const struct tb__view *old, uint64_t p, uint64_t q, int64_t at);
 /* The fraction made at t, in 1/q tokens (fine0 of a regime that starts at t). */
 uint64_t tb__remainder(const struct tb__view *v, int64_t t);
+/*
+ * A level below burst plus the fraction made at t, as tokens_at reports it
+ * (one rounding, from long double): buckets and tables alike.
+ */
+double tb__tokens_value(const struct tb__view *v, int64_t level, int64_t t);
 /* Until when a regime may run before it must be normalized (INT64_MAX: for ever). */
 int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0);
 
