@@ -257,15 +257,20 @@ static inline tb__u128 tb__fine_at(const struct tb__view *v, int64_t t)
 	return tb__producing(v, t) ? tb__fine_units(v, t) : 0;
 }
 
-/* P(t): whole tokens produced from the origin to t (frozen at v->until), exactly. */
-static inline tb__u128 tb__production(const struct tb__view *v, int64_t t)
+/* Whole tokens in f units of 1/q token: f / q, exactly. */
+static inline tb__u128 tb__whole(const struct tb__view *v, tb__u128 f)
 {
-	tb__u128 f = tb__fine_at(v, t);
 	if (v->q == 1)
 		return f;
 	if ((f >> 64) == 0)
 		return (uint64_t)f / v->q; /* one 64-bit division in the usual case */
 	return f / v->q;
+}
+
+/* P(t): whole tokens produced from the origin to t (frozen at v->until), exactly. */
+static inline tb__u128 tb__production(const struct tb__view *v, int64_t t)
+{
+	return tb__whole(v, tb__fine_at(v, t));
 }
 
 /*

@@ -121,7 +121,8 @@ static inline struct tbt_slot *cand(const struct tbt_call *c, int i)
  * origin) * p / q), carrying nothing in (fine0 0) and with no horizon of
  * the core's (the table keeps its own, past_horizon).  Every table call
  * reads it through the core's arithmetic (core.h, ratio.c); the view is a
- * local that stays in registers.
+ * local that stays in registers.  A table's time is never before its
+ * origin (table_time), so F(t) needs none of tb__fine_at's checks.
  */
 static inline struct tb__view table_view(const struct tokenbucket_table *t, int64_t origin)
 {
@@ -135,25 +136,24 @@ static inline struct tb__view table_view(const struct tokenbucket_table *t, int6
 	};
 }
 
-/* Whether a tail is full at "at": P(at) >= tail, with no division. */
+/* Whether a tail is full at "at": P(at) >= tail, as F(at) >= tail * q (no division). */
 static inline bool full_at(const struct tb__view *v, int64_t at, uint64_t tail)
 {
-	return tb__level_at_least(v, 0, at, tail);
+	return tb__fine_units(v, at) >= (tb__u128)tail * v->q;
 }
 
 /* P(at), exactly: one division, on the paths that need the level itself. */
 static inline uint64_t production(const struct tb__view *v, int64_t at)
 {
-	return (uint64_t)tb__production(v, at);
+	return (uint64_t)tb__whole(v, tb__fine_units(v, at));
 }
 
-/*
- * The level at "at" of tail, never above burst: the core's level of a
- * bucket whose head (plus offset) is burst.
- */
+/* The level at "at" of tail: burst - tail + P(at), never above burst. */
 static int64_t level_of(const struct tb__view *v, uint64_t burst, int64_t at, uint64_t tail)
 {
-	return tb__capped_level(tb__raw_level(v, burst, tail, at), burst);
+	if (full_at(v, at, tail))
+		return (int64_t)burst;
+	return (int64_t)(production(v, at) + burst - tail);
 }
 
 /* ---- Time ------------------------------------------------------------------- */
@@ -453,7 +453,6 @@ static inline __attribute__((always_inline)) int take(struct tokenbucket_table *
 							      struct tbt_call *c, uint64_t n,
 							      bool exact, struct tbt_outcome *o)
 {
-	const struct tb__view v = table_view(t, c->origin);
 	uint64_t st;
 	struct tbt_slot *s;
 again:
@@ -481,13 +480,14 @@ again:
 		if (past_horizon(t, c->origin, at))
 			return -ERANGE;
 		uint64_t tail = st_tail(st), base = tail;
+		const struct tb__view v = table_view(t, c->origin);
+		tb__u128 f = tb__fine_units(&v, at);
 		bool ok;
-		if (full_at(&v, at, tail)) {
-			base = production(&v, at); /* full: drop what lies above burst */
+		if (f >= (tb__u128)tail * v.q) {
+			base = (uint64_t)tb__whole(&v, f); /* full: drop what lies above burst */
 			ok = true;
 		} else {
-			/* The level is burst - tail + P(at) (tail < 2^55, burst <= 2^62). */
-			ok = tb__level_at_least(&v, (int64_t)(t->burst - tail), at, n);
+			ok = tail + n <= t->burst || f >= (tb__u128)(tail + n - t->burst) * v.q;
 		}
 		o->at = at;
 		uint64_t seen = st;
