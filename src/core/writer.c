@@ -8,8 +8,7 @@
  *
  * The lock is tb->writer: a plain mutex in a private bucket, process-shared
  * and robust in a shared one (src/shm), so EOWNERDEAD reaches only the
- * latter.  Everything here runs with the lock held, except
- * tb__writer_help's attempt to take it.
+ * latter.  tb__publish and tb__fill are for a caller that holds the lock.
  */
 #include <errno.h>
 #include <time.h>
