@@ -36,8 +36,9 @@
 #include <tokenbucket.h>
 
 /* Only for the size of the state and of its hot line, and the tables' keyed hash. */
-#include "../src/internal.h"
-#include "../src/table.h"
+#include "core.h"
+#include "siphash.h"
+#include "table.h"
 
 #define T0 INT64_C(1000000000) /* the first "now" of the _at loops */
 #define MAX_THREADS 4

@@ -6,7 +6,7 @@
  */
 #include <errno.h>
 
-#include "../sleep.h"
+#include "sleep.h"
 #include "internal.h"
 
 int tokenbucket_redis_wait(struct tokenbucket_redis *r, const void *key, size_t keylen,

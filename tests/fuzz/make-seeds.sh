@@ -13,10 +13,10 @@ mkdir -p "$build"
 CC=${CC:-cc}
 
 # shellcheck disable=SC2046
-$CC -std=gnu11 -O1 -D_GNU_SOURCE -DFUZZ_REPLAY_MAIN -I"$top/include" -I"$top/src" \
+$CC -std=gnu11 -O1 -D_GNU_SOURCE -DFUZZ_REPLAY_MAIN -I"$top/include" -I"$top/src/common" -I"$top/src/core" -I"$top/src/shm" -I"$top/src/table" \
 	$(pkg-config --cflags libbsd 2>/dev/null || true) \
 	-o "$build/fuzz_replay" "$here/fuzz_tokenbucket.c" "$here/model.c" "$here/replay.c" \
-	"$top"/src/*.c \
+	"$top"/src/core/*.c "$top"/src/shm/*.c "$top"/src/table/*.c \
 	-lm -lpthread
 rm -f "$here"/corpus/seed-*
 mkdir -p "$here/corpus"

@@ -4,14 +4,14 @@
  * model, whose continued fraction is expanded with integers on its own:
  * 10^5 doubles spread over every exponent the conversion expands (1e-10 to
  * 1e28 tokens per second), half of them short decimals, half arbitrary
- * bits.  The ratio is read from the bucket's regime (src/internal.h).
+ * bits.  The ratio is read from the bucket's regime (src/core/core.h).
  */
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 
 #include "model.h"
-#include "../../src/internal.h"
+#include "core.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15u;
 

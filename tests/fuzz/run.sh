@@ -21,14 +21,14 @@ seconds=${FUZZ_SECONDS:-60}
 CC=${CC:-clang}
 
 bsd_cflags=$(pkg-config --cflags libbsd 2>/dev/null || true)
-cflags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$top/include -I$top/src $bsd_cflags
+cflags="-g -O1 -std=gnu11 -D_GNU_SOURCE -I$top/include -I$top/src/common -I$top/src/core -I$top/src/shm -I$top/src/table $bsd_cflags
 	-Wall -Wextra
 	-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all ${FUZZ_CFLAGS:-}"
 
 echo "building $build/fuzz_tokenbucket with $CC"
 # shellcheck disable=SC2086
 $CC $cflags -o "$build/fuzz_tokenbucket" \
-	"$here/fuzz_tokenbucket.c" "$here/model.c" "$top"/src/*.c \
+	"$here/fuzz_tokenbucket.c" "$here/model.c" "$top"/src/core/*.c "$top"/src/shm/*.c "$top"/src/table/*.c \
 	-lm -lpthread
 
 # Fuzz on a copy, so that what libFuzzer adds stays out of the source tree.
@@ -57,7 +57,7 @@ fi
 echo "building $build/fuzz_mapping with $CC"
 # shellcheck disable=SC2086
 $CC $cflags -DTB__FUZZ_ROUNDS -DTB__LOCK_WAIT_NS=1000000 -o "$build/fuzz_mapping" \
-	"$here/fuzz_mapping.c" "$top"/src/*.c -lm -lpthread
+	"$here/fuzz_mapping.c" "$top"/src/core/*.c "$top"/src/shm/*.c "$top"/src/table/*.c -lm -lpthread
 mseconds=${MAPPING_SECONDS:-30}
 rm -rf "$build/corpus-mapping"
 mkdir -p "$build/corpus-mapping"

@@ -7,7 +7,7 @@
  */
 #include <errno.h>
 
-#include "internal.h"
+#include "rovers.h"
 
 /* The general path of grab: any regime, level and debt. */
 static uint64_t grab_slow(struct tokenbucket *tb, uint64_t n)

@@ -1,7 +1,6 @@
 /* SPDX-License-Identifier: MIT */
-/* SipHash-1-3 out of line (src/siphash.h has it inline). */
+/* SipHash-1-3 out of line (siphash.h has it inline). */
 #include "siphash.h"
-#include "table.h"
 
 uint64_t tb__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len)
 {

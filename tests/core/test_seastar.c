@@ -2,7 +2,7 @@
 /* The Seastar face: tickets, explicit replenishment, threshold, capped release. */
 #include "check_tb.h"
 /* The clock word, to stop a replenisher between its two steps. */
-#include "../src/internal.h"
+#include "core.h"
 
 START_TEST(grab_returns_the_tail)
 {

@@ -10,37 +10,13 @@
  * consistent (on x86-64 the loads are plain moves); loads that only seed a
  * CAS are relaxed, since the CAS checks them.
  */
-#include "internal.h"
-
-void tb__publish(struct tokenbucket *tb, const struct tb__view *n)
-{
-	uint64_t gen = atomic_load_explicit(&tb->gen, memory_order_relaxed);
-	uint64_t next = (gen | 1) + 1; /* the next even gen: a new regime */
-	struct tb__slot *s = &tb->slot[(next >> 1) & 1];
-	/* The slot held the regime two back; its readers validate against gen. */
-	atomic_store_explicit(&s->origin, n->origin, memory_order_relaxed);
-	atomic_store_explicit(&s->fine0, n->fine0, memory_order_relaxed);
-	atomic_store_explicit(&s->p, n->p, memory_order_relaxed);
-	atomic_store_explicit(&s->q, n->q, memory_order_relaxed);
-	atomic_store_explicit(&s->hoff, n->hoff, memory_order_relaxed);
-	atomic_store_explicit(&s->limit, n->limit, memory_order_relaxed);
-	atomic_store_explicit(&s->kind, n->kind, memory_order_relaxed);
-	/*
-	 * The kind mirror goes first, while gen is still odd (a rate change or
-	 * reset froze the regime): a writer killed between the two stores
-	 * leaves gen odd, which the next call repairs (tb__writer_help).  In
-	 * the other order a dead writer could leave a finite regime in force
-	 * with the mirror still saying unlimited, and nothing would notice.
-	 */
-	atomic_store_explicit(&tb->kind, n->kind, memory_order_relaxed);
-	atomic_store(&tb->gen, next);
-}
+#include "rovers.h"
 
 /*
  * The first caller that passes a time fixes the origin of the regime in
  * force: regime 0's, or one that a writer killed in a reset of a bucket
  * with no time seen left to be published again with no origin (recover in
- * shared.c).  A slot is rewritten only two regimes later, by a writer that
+ * writer.c).  A slot is rewritten only two regimes later, by a writer that
  * fixed the origin first, so a CAS from "no time" meets no other regime.
  */
 static void fix_origin(struct tokenbucket *tb, int64_t now)

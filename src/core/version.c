@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: MIT */
-#include "internal.h"
+#include "core.h"
 
 unsigned tokenbucket_version_number(void)
 {

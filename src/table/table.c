@@ -20,6 +20,7 @@
 #include <sys/random.h>
 
 #include "siphash.h"
+#include "shm.h"
 #include "table.h"
 
 /* Table handles say how their memory was obtained. */
@@ -115,32 +116,17 @@ static inline struct tbt_slot *cand(const struct tbt_call *c, int i)
 	return &c->bucket[i / TBT_BUCKET_SLOTS][(i % TBT_BUCKET_SLOTS) / 2].slot[i % 2];
 }
 
-/* F(t) = (t - origin) * p: production in 1/q tokens. */
-static inline tb__u128 fine(const struct tokenbucket_table *t, int64_t origin, int64_t at)
+/*
+ * The table's production is a regime of the core's: P(t) = floor((t -
+ * origin) * p / q), carrying nothing in (fine0 0) and with no horizon of
+ * the core's (the table keeps its own, past_horizon).  Every table call
+ * reads it through the core's arithmetic (core.h, ratio.c); the view is a
+ * local that stays in registers.  A table's time is never before its
+ * origin (table_time), so F(t) needs none of tb__fine_at's checks.
+ */
+static inline struct tb__view table_view(const struct tokenbucket_table *t, int64_t origin)
 {
-	return (tb__u128)((uint64_t)at - (uint64_t)origin) * t->p;
-}
-
-/* P(t), exactly: one division, on the paths that need the level itself. */
-static inline uint64_t production(const struct tokenbucket_table *t, int64_t origin, int64_t at)
-{
-	tb__u128 f = fine(t, origin, at);
-	if (t->q == 1)
-		return (uint64_t)f;
-	return (f >> 64) == 0 ? (uint64_t)f / t->q : (uint64_t)(f / t->q);
-}
-
-/* Whether a tail is full at "at": P(at) >= tail, as F(at) >= tail * q. */
-static inline bool full_at(const struct tokenbucket_table *t, int64_t origin, int64_t at,
-			   uint64_t tail)
-{
-	return fine(t, origin, at) >= (tb__u128)tail * t->q;
-}
-
-/* The regime as the core's arithmetic (time_of, fraction) reads it. */
-static void table_view(const struct tokenbucket_table *t, int64_t origin, struct tb__view *v)
-{
-	*v = (struct tb__view){
+	return (struct tb__view){
 		.origin = origin,
 		.p = t->p,
 		.q = t->q,
@@ -150,13 +136,24 @@ static void table_view(const struct tokenbucket_table *t, int64_t origin, struct
 	};
 }
 
-/* The level at "at" of tail: exact, never above burst. */
-static int64_t level_of(const struct tokenbucket_table *t, int64_t origin, int64_t at,
-			uint64_t tail)
+/* Whether a tail is full at "at": P(at) >= tail, as F(at) >= tail * q (no division). */
+static inline bool full_at(const struct tb__view *v, int64_t at, uint64_t tail)
 {
-	if (full_at(t, origin, at, tail))
-		return (int64_t)t->burst;
-	return (int64_t)(production(t, origin, at) + t->burst - tail);
+	return tb__fine_units(v, at) >= (tb__u128)tail * v->q;
+}
+
+/* P(at), exactly: one division, on the paths that need the level itself. */
+static inline uint64_t production(const struct tb__view *v, int64_t at)
+{
+	return (uint64_t)tb__whole(v, tb__fine_units(v, at));
+}
+
+/* The level at "at" of tail: burst - tail + P(at), never above burst. */
+static int64_t level_of(const struct tb__view *v, uint64_t burst, int64_t at, uint64_t tail)
+{
+	if (full_at(v, at, tail))
+		return (int64_t)burst;
+	return (int64_t)(production(v, at) + burst - tail);
 }
 
 /* ---- Time ------------------------------------------------------------------- */
@@ -322,6 +319,7 @@ static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
 static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, uint64_t *state)
 {
 	struct tbt_counters *k = &t->mem->counters;
+	const struct tb__view v = table_view(t, c->origin);
 	int spins = 0;
 	/*
 	 * Every round but a spin changes a slot (ours or another caller's); on
@@ -345,7 +343,7 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 			sts[i] = atomic_load(&cand(c, i)->state);
 			fps[i] = atomic_load(&cand(c, i)->fp);
 			full[i] = !st_claimed(sts[i]) && !st_empty(sts[i]) &&
-				  full_at(t, c->origin, c->at, st_tail(sts[i]));
+				  full_at(&v, c->at, st_tail(sts[i]));
 			live[i / TBT_BUCKET_SLOTS] +=
 				st_claimed(sts[i]) || (!st_empty(sts[i]) && !full[i]);
 		}
@@ -423,8 +421,8 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 			continue; /* the key was confirmed elsewhere: the next pass finds it */
 		}
 		uint64_t tail = st_tail(claimed);
-		if (!full_at(t, c->origin, c->at, tail))
-			tail = production(t, c->origin, c->at);
+		if (!full_at(&v, c->at, tail))
+			tail = production(&v, c->at);
 		uint64_t confirmed = st_next(claimed, false, tail);
 		if (!atomic_compare_exchange_strong(&s->state, &claimed, confirmed))
 			continue; /* voided by someone else: start again */
@@ -482,13 +480,14 @@ again:
 		if (past_horizon(t, c->origin, at))
 			return -ERANGE;
 		uint64_t tail = st_tail(st), base = tail;
-		tb__u128 f = fine(t, c->origin, at);
+		const struct tb__view v = table_view(t, c->origin);
+		tb__u128 f = tb__fine_units(&v, at);
 		bool ok;
-		if (f >= (tb__u128)tail * t->q) {
-			base = production(t, c->origin, at); /* full: drop what lies above burst */
+		if (f >= (tb__u128)tail * v.q) {
+			base = (uint64_t)tb__whole(&v, f); /* full: drop what lies above burst */
 			ok = true;
 		} else {
-			ok = tail + n <= t->burst || f >= (tb__u128)(tail + n - t->burst) * t->q;
+			ok = tail + n <= t->burst || f >= (tb__u128)(tail + n - t->burst) * v.q;
 		}
 		o->at = at;
 		uint64_t seen = st;
@@ -497,7 +496,7 @@ again:
 			if (after == st || atomic_compare_exchange_strong(&s->state, &st, after)) {
 				o->allowed = true;
 				if (exact)
-					o->level = level_of(t, c->origin, at, base + n);
+					o->level = level_of(&v, t->burst, at, base + n);
 				return 0;
 			}
 		} else {
@@ -506,7 +505,7 @@ again:
 			if (st == seen && atomic_load(&s->clock) == at) {
 				o->allowed = false;
 				if (exact)
-					o->level = level_of(t, c->origin, at, tail);
+					o->level = level_of(&v, t->burst, at, tail);
 				return 0;
 			}
 		}
@@ -539,6 +538,7 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 	struct tbt_call c;
 	call_init(t, now, key, len, &c);
 	struct tbt_outcome o = {0};
+	const struct tb__view v = table_view(t, c.origin);
 	if (n > t->burst) {
 		/* Refused at once; the report is at now, which the key sees (as tokens_at). */
 		uint64_t st;
@@ -551,15 +551,13 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 			uint64_t again = atomic_load_explicit(&s->state, memory_order_acquire);
 			if (st_ver(again) == st_ver(st) && !st_claimed(again))
 				st = again;
-			o.level = level_of(t, c.origin, o.at, st_tail(st));
+			o.level = level_of(&v, t->burst, o.at, st_tail(st));
 		}
 	} else {
 		int err = past_horizon(t, c.origin, c.at) ? -ERANGE : take(t, &c, n, true, &o);
 		if (err)
 			return err;
 	}
-	struct tb__view v;
-	table_view(t, c.origin, &v);
 	tb__result(&v, o.at, n, t->burst, o.allowed, o.level, res);
 	if (o.no_bucket) {
 		res->flags |= TOKENBUCKET_RESULT_NO_BUCKET;
@@ -612,17 +610,16 @@ again:
 			return 0;
 		}
 	}
-	struct tb__view v;
-	table_view(t, c.origin, &v);
+	const struct tb__view v = table_view(t, c.origin);
 	for (;;) {
 		TB__ROUND();
 		int64_t at = key_time(s, c.at);
 		if (past_horizon(t, c.origin, at))
 			return -ERANGE;
 		uint64_t tail = st_tail(st);
-		bool full = full_at(t, c.origin, at, tail);
-		uint64_t base = full ? production(t, c.origin, at) : tail;
-		int64_t level = full ? (int64_t)t->burst : level_of(t, c.origin, at, tail);
+		bool full = full_at(&v, at, tail);
+		uint64_t base = full ? production(&v, at) : tail;
+		int64_t level = full ? (int64_t)t->burst : level_of(&v, t->burst, at, tail);
 		/* Wide: a slot's tail may be any 55 bits in a corrupt table. */
 		tb__i128 debt = (tb__i128)n - level;
 		int64_t act = at, wait = 0;
@@ -678,15 +675,16 @@ void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, s
 	struct tbt_slot *s = find(&c, &st);
 	if (s == NULL)
 		return; /* no bucket: the key is full */
+	const struct tb__view v = table_view(t, c.origin);
 	for (;;) {
 		TB__ROUND();
 		int64_t at = key_time(s, c.at);
 		if (past_horizon(t, c.origin, at) || at > r->time_to_act)
 			return; /* too late: the tokens were used */
 		uint64_t tail = st_tail(st);
-		if (full_at(t, c.origin, at, tail))
+		if (full_at(&v, at, tail))
 			return; /* nothing fits under burst */
-		uint64_t floor_tail = production(t, c.origin, at);
+		uint64_t floor_tail = production(&v, at);
 		uint64_t back = tail - floor_tail > n ? tail - n : floor_tail;
 		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, back)))
 			return;
@@ -706,13 +704,11 @@ void tokenbucket_table_cancel(struct tokenbucket_table *t, const void *key, size
 static double tokens_of(const struct tokenbucket_table *t, int64_t origin, int64_t at,
 			uint64_t tail)
 {
-	int64_t level = level_of(t, origin, at, tail);
-	if (level >= (int64_t)t->burst || t->p == 0)
+	const struct tb__view v = table_view(t, origin);
+	int64_t level = level_of(&v, t->burst, at, tail);
+	if (level >= (int64_t)t->burst)
 		return (double)level;
-	uint64_t rem = (uint64_t)(fine(t, origin, at) % t->q);
-	if (rem == 0)
-		return (double)level;
-	return (double)((long double)level + (long double)rem / (long double)t->q);
+	return tb__tokens_value(&v, level, at);
 }
 
 double tokenbucket_table_tokens_at(struct tokenbucket_table *t, int64_t now, const void *key,
@@ -810,10 +806,8 @@ struct tbt_config {
 /* The ns from the origin until production reaches TBT_HORIZON (INT64_MAX: never). */
 static int64_t horizon_span(uint64_t p, uint64_t q)
 {
-	if (p == 0)
-		return INT64_MAX;
-	tb__u128 d = ((tb__u128)TBT_HORIZON * q + p - 1) / p;
-	return d >= (tb__u128)INT64_MAX ? INT64_MAX : (int64_t)d;
+	const struct tb__view v = {.p = p, .q = q, .kind = p ? TB__FINITE : TB__ZERO};
+	return tb__duration(&v, TBT_HORIZON); /* TOKENBUCKET_NEVER is INT64_MAX */
 }
 
 /* Horizons shorter than this (about 13 days) are refused: the rate is too fast. */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "check_tb.h"
+#include "siphash.h"
 #include "table.h"
 
 /* Counts scale down under sanitizers and valgrind (CK_TIMEOUT_MULTIPLIER). */

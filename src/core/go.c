@@ -9,7 +9,7 @@
 #include <errno.h>
 #include <math.h>
 
-#include "internal.h"
+#include "rovers.h"
 
 /* The general path of allow_at: any regime, time and level. */
 static bool allow_slow(struct tokenbucket *tb, int64_t now, uint64_t n)
@@ -286,8 +286,7 @@ double tokenbucket_tokens_at(struct tokenbucket *tb, int64_t now)
 		return (double)burst;
 	if (fraction == 0)
 		return (double)(int64_t)raw;
-	return (double)((long double)(int64_t)raw + (long double)tb__remainder(&v, at) /
-							 (long double)v.q);
+	return tb__tokens_value(&v, (int64_t)raw, at);
 }
 
 double tokenbucket_tokens(struct tokenbucket *tb)

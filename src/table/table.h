@@ -14,7 +14,9 @@
 #ifndef TOKENBUCKET_TABLE_H
 #define TOKENBUCKET_TABLE_H
 
-#include "internal.h"
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdint.h>
 
 /* "TBTABLE\0" read as a little-endian word. */
 #define TBT_MAGIC UINT64_C(0x00454c4241544254)
@@ -98,9 +100,6 @@ struct tbt_mem {
 
 _Static_assert(sizeof(struct tbt_header) <= 128, "the header fits its two lines");
 _Static_assert(sizeof(struct tbt_line) == 64, "a line is one cache line");
-
-/* SipHash-1-3 of len bytes at data under the secret (k0, k1), out of line (src/siphash.h). */
-uint64_t tb__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len);
 
 /*
  * The two buckets of a hash among `buckets` (at most 2^30), by

@@ -3,7 +3,7 @@
  * Bad input, exhaustively: every public function with its extreme and
  * invalid arguments, on buckets in several states.  Each row names the
  * documented result and what the call may change: nothing after a refusal
- * (the whole state, read through src/internal.h), only "having seen now"
+ * (the whole state, read through src/core/core.h), only "having seen now"
  * after a refusal for lack of tokens.  Output parameters hold a sentinel
  * pattern before each call and must keep it on failure.
  */
@@ -18,7 +18,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
-#include "../src/internal.h"
+#include "core.h"
 #include "check_tb.h"
 
 #define SENTINEL ((struct tokenbucket *)0x5)

@@ -6,7 +6,7 @@
  */
 #include <errno.h>
 
-#include "internal.h"
+#include "rovers.h"
 #include "sleep.h"
 
 int64_t tokenbucket_now(void)

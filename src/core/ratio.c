@@ -9,7 +9,7 @@
 #include <float.h>
 #include <math.h>
 
-#include "internal.h"
+#include "core.h"
 
 typedef tb__u128 u128;
 
@@ -199,6 +199,14 @@ int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0)
 uint64_t tb__remainder(const struct tb__view *v, int64_t t)
 {
 	return producing(v, t) ? (uint64_t)(fine_units(v, t) % v->q) : 0;
+}
+
+double tb__tokens_value(const struct tb__view *v, int64_t level, int64_t t)
+{
+	uint64_t rem = tb__remainder(v, t);
+	if (rem == 0)
+		return (double)level;
+	return (double)((long double)level + (long double)rem / (long double)v->q);
 }
 
 double tb__rate_value(const struct tb__view *r)

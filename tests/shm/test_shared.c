@@ -9,7 +9,7 @@
  * report more than burst.  Bad names, foreign files, other layouts and
  * other users are refused with the documented errors and change nothing.
  *
- * The bucket's internals (src/internal.h) are read to check that a writer
+ * The bucket's internals (src/core/core.h) are read to check that a writer
  * killed mid-change leaves no frozen regime behind once recovered.
  */
 #include <dirent.h>
@@ -28,9 +28,9 @@
 #include <unistd.h>
 
 #include "check_tb.h"
-#include "../src/internal.h"
+#include "core.h"
 
-/* Offsets of the header fields (src/shared.c): magic, ready, layout, major, sizes. */
+/* Offsets of the header fields (src/shm/shared.c): magic, ready, layout, major, sizes. */
 enum { H_MAGIC = 0, H_READY = 8, H_LAYOUT = 12, H_MAJOR = 16, H_STATE_SIZE = 24 };
 
 /* Memory every process of a test sees: MAP_SHARED, anonymous. */

@@ -17,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "rovers.h"
 
 int tb__bucket_check(uint64_t burst, unsigned flags)
 {
@@ -128,29 +128,6 @@ static bool writer_enter(struct tokenbucket *tb, int64_t now, struct tb__view *v
 	if (tb__capped(tb))
 		tb__cap_to_ceil(tb, v, *at);
 	return true;
-}
-
-/*
- * An unlimited rate means full: head rises to burst, and with capped release
- * no further than ceil.
- */
-void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at)
-{
-	uint64_t burst = atomic_load(&tb->burst);
-	uint64_t head = atomic_load(&tb->head);
-	for (;;) {
-		TB__ROUND();
-		tb__i128 raw = tb__raw_level(v, head, atomic_load(&tb->tail), at);
-		tb__i128 room = (tb__i128)burst - raw;
-		if (tb__capped(tb)) {
-			uint64_t now_head = head + v->hoff + (uint64_t)tb__production(v, at);
-			tb__i128 to_ceil = tb__level(atomic_load(&tb->ceil), now_head);
-			if (to_ceil < room)
-				room = to_ceil;
-		}
-		if (room <= 0 || atomic_compare_exchange_weak(&tb->head, &head, head + (uint64_t)room))
-			return;
-	}
 }
 
 /*

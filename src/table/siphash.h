@@ -4,7 +4,7 @@
  * round per 8-byte block and three finalisation rounds) with a 64-bit
  * output.  It keys the per-key tables: without the 128-bit secret, nobody
  * can choose keys that land in the same lines (docs/DESIGN.md, "Tables").
- * Inline, so that a table's lookup pays no call; tb__siphash13 (table.h)
+ * Inline, so that a table's lookup pays no call; tb__siphash13 (below)
  * is the same function out of line, for the tests and the benchmark.
  */
 #ifndef TOKENBUCKET_SIPHASH_H
@@ -106,5 +106,8 @@ tb__siphash13_inline(uint64_t k0, uint64_t k1, const void *data, size_t len)
 	tb__sipround(&s);
 	return s.v0 ^ s.v1 ^ s.v2 ^ s.v3;
 }
+
+/* The same, out of line (siphash.c), for the tests and the benchmark. */
+uint64_t tb__siphash13(uint64_t k0, uint64_t k1, const void *data, size_t len);
 
 #endif /* TOKENBUCKET_SIPHASH_H */

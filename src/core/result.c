@@ -5,7 +5,7 @@
  */
 #include <errno.h>
 
-#include "internal.h"
+#include "rovers.h"
 
 /* Nanoseconds from "at" until j more tokens than P(at) are there; NEVER if never. */
 static int64_t until(const struct tb__view *v, int64_t at, uint64_t j)

@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * Buckets shared between processes: placement in caller memory, named
- * buckets in /dev/shm, the header that tells a bucket from anything else,
- * and the recovery of a writer that died holding the lock.
+ * buckets in /dev/shm, the header that tells a bucket from anything else;
+ * and the named objects themselves, for buckets and tables alike (shm.h).
  *
  * The state needs nothing new to be shared: every word is an 8-byte atomic
  * and holds no pointer.  What a shared bucket adds is a header in front of
  * it (checked before the state is ever read), a writer mutex that is
- * process-shared and robust, and the repair that EOWNERDEAD calls for.
+ * process-shared and robust, and the repair that EOWNERDEAD calls for
+ * (the core's, src/core/writer.c: private buckets take the same lock).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -19,7 +20,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "internal.h"
+#include "shm.h"
 
 /* "TBUCKET\0" read as a little-endian word: a bucket, of any layout. */
 #define TB__MAGIC UINT64_C(0x0054454b43554254)
@@ -247,132 +248,6 @@ int tokenbucket_attach_shared(struct tokenbucket **tbp, void *mem, size_t size)
 		return err;
 	*tbp = &s->state;
 	return 0;
-}
-
-/*
- * A writer died holding the lock.  What it can have left half done
- * (docs/DESIGN.md, "Crashes"):
- *  - a rate change or reset that froze the regime (gen odd) and did not
- *    publish the next: roll back by publishing the frozen regime again,
- *    unfrozen (the next even gen, the same slot content).  Production
- *    between frozen_at and now, which takes did not count while it was
- *    frozen, is counted again, once;
- *  - a publish that stored gen but not the kind mirror: copy it;
- *  - a switch to an unlimited rate that did not fill the bucket: fill it;
- *  - a burst change that did not lower the threshold: lower it.
- * Everything else a writer does is single compare-and-swaps that a take
- * could have done as well, and needs no repair.
- */
-static void recover(struct tokenbucket *tb)
-{
-	/* The lock is held and its last holder is dead: nothing changes the regime. */
-	struct tb__view v;
-	bool frozen = !tb__load_regime(tb, &v);
-	v.until = TOKENBUCKET_NEVER;
-	if (frozen)
-		tb__publish(tb, &v);
-	else
-		atomic_store(&tb->kind, v.kind);
-	uint64_t burst = atomic_load(&tb->burst);
-	uint64_t max_threshold = burst ? burst : 1;
-	if (atomic_load(&tb->threshold) > max_threshold)
-		atomic_store(&tb->threshold, max_threshold);
-	if (v.kind == TB__INF)
-		tb__fill(tb, &v, atomic_load(&tb->clock));
-}
-
-/*
- * ThreadSanitizer's pthread_mutex_timedlock records a lock only when it
- * returns 0; EOWNERDEAD locks as well (its pthread_mutex_lock and trylock
- * know that).  Without this, the unlock after a repair is reported as an
- * unlock of an unlocked mutex.
- */
-#if defined(__SANITIZE_THREAD__)
-#define TB__TSAN 1
-#elif defined(__has_feature)
-#if __has_feature(thread_sanitizer)
-#define TB__TSAN 1
-#endif
-#endif
-#ifdef TB__TSAN
-#include <sanitizer/tsan_interface.h>
-static void tsan_owner_dead_locked(pthread_mutex_t *m)
-{
-	/* The pair as an annotated lock that did not block: pre_lock opens what post_lock closes. */
-	__tsan_mutex_pre_lock(m, __tsan_mutex_try_lock);
-	__tsan_mutex_post_lock(m, __tsan_mutex_try_lock, 0);
-}
-#else
-static void tsan_owner_dead_locked(pthread_mutex_t *m)
-{
-	(void)m;
-}
-#endif
-
-/*
- * Locks m, waiting at most TB__LOCK_WAIT_NS: 0, EOWNERDEAD, or the error.
- * A lock word holding a thread id that no live holder wrote would make
- * pthread_mutex_lock wait for ever.  pthread_mutex_timedlock measures the
- * wait on CLOCK_REALTIME (a step of the wall clock lengthens or shortens
- * it by as much); pthread_mutex_clocklock would take CLOCK_MONOTONIC, but
- * it is newer (glibc 2.30) and ThreadSanitizer does not see it lock.
- */
-static int lock_bounded(pthread_mutex_t *m)
-{
-	int err = pthread_mutex_trylock(m);
-	if (err != EBUSY)
-		return err;
-	struct timespec until;
-	clock_gettime(CLOCK_REALTIME, &until);
-	int64_t ns = until.tv_nsec + TB__LOCK_WAIT_NS % 1000000000;
-	until.tv_sec += TB__LOCK_WAIT_NS / 1000000000 + ns / 1000000000;
-	until.tv_nsec = ns % 1000000000;
-	err = pthread_mutex_timedlock(m, &until);
-	if (err == EOWNERDEAD)
-		tsan_owner_dead_locked(m);
-	return err;
-}
-
-int tb__writer_lock(struct tokenbucket *tb)
-{
-	if (tb__is_corrupt(tb))
-		return -EBADMSG;
-	int err = lock_bounded(&tb->writer);
-	if (err == EOWNERDEAD) {
-		recover(tb);
-		err = pthread_mutex_consistent(&tb->writer);
-		if (err) {
-			pthread_mutex_unlock(&tb->writer);
-			tb__give_up(tb);
-			return -EBADMSG;
-		}
-		return 0;
-	}
-	if (err == ETIMEDOUT)
-		return -EDEADLK;
-	if (err) {
-		/* ENOTRECOVERABLE, EINVAL, EDEADLK: not a lock this library left. */
-		tb__give_up(tb);
-		return -EBADMSG;
-	}
-	/* Only a writer holding the lock freezes the regime: this freeze has none. */
-	if (atomic_load(&tb->gen) & 1)
-		recover(tb);
-	return 0;
-}
-
-void tb__writer_help(struct tokenbucket *tb)
-{
-	int err = pthread_mutex_trylock(&tb->writer);
-	if (err == EOWNERDEAD) {
-		recover(tb);
-		pthread_mutex_consistent(&tb->writer);
-	} else if (err) {
-		return; /* a live writer holds it: the freeze ends when it publishes */
-	} else if (atomic_load(&tb->gen) & 1) {
-		recover(tb); /* frozen, but no writer holds the lock */
-	}
-	pthread_mutex_unlock(&tb->writer);
 }
 
 /* ---- Named buckets ------------------------------------------------------- */
