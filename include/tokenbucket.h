@@ -29,7 +29,7 @@
  *    lock and may wait for it.  A reservation belongs to one thread at a
  *    time; tokenbucket_free must not race anything.
  *
- * See tokenbucket(7) and docs/DESIGN.md for the model.
+ * See tokenbucket(7) and docs/core.md for the model.
  */
 #ifndef TOKENBUCKET_H
 #define TOKENBUCKET_H
@@ -309,7 +309,7 @@ TOKENBUCKET_API int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t 
  * processes and threads at once, lock-free as before; the writers serialise
  * on a process-shared robust mutex, so a process killed at any instant
  * (SIGKILL included) never leaves the bucket blocked or inconsistent
- * (docs/DESIGN.md, "Crashes"): the next writer, or the next call that
+ * (docs/shm.md, "Crashes"): the next writer, or the next call that
  * passes a time, takes over the lock of a writer that died (trying it,
  * never waiting for it) and rolls back what it left half done.
  * tokenbucket_free must never be called on a shared bucket.  Since 1.1.0.
@@ -404,7 +404,7 @@ TOKENBUCKET_API int tokenbucket_unlink(const char *name);
  * bucket was full, is a new full bucket.  Lookups and takes are lock-free;
  * a table may live in memory shared between processes.  See
  * tokenbucket_table_create(3) for the sizing rule and the policies, and
- * docs/DESIGN.md ("Tables") for the protocol.  Since 1.1.0.
+ * docs/table.md for the protocol.  Since 1.1.0.
  */
 struct tokenbucket_table;
 

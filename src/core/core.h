@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The bucket's state and the helpers the two faces share.  docs/DESIGN.md
+ * The bucket's state and the helpers the two faces share.  docs/core.md
  * explains the model; the comments here state what each field promises.
  *
  * Every shared word is a naturally aligned 8-byte (or smaller) atomic, so the
@@ -34,7 +34,7 @@ typedef __int128 tb__i128;
 /*
  * The most a drop moves the tail (and head) up: within the horizon a drop
  * is below it; past it, the rest is lost without moving the rovers, so that
- * a ticket stays comparable with the head (docs/DESIGN.md).
+ * a ticket stays comparable with the head (docs/core.md).
  */
 #define TB__DROP_MOST (UINT64_C(1) << 61)
 
@@ -92,7 +92,7 @@ struct tokenbucket {
 	uint32_t flags;                    /* TOKENBUCKET_CAPPED_RELEASE; fixed at create */
 	_Atomic int64_t ceiled;            /* capped release: production up to here met ceil */
 	/*
-	 * Nonzero once a call found words no bucket can hold (docs/DESIGN.md,
+	 * Nonzero once a call found words no bucket can hold (docs/shm.md,
 	 * "Corrupt mappings"): the slow paths and writers then fail at once,
 	 * and attach refuses the bucket.  Zero in every bucket 1.1 made.
 	 */
@@ -216,7 +216,7 @@ int tb__bucket_init(struct tokenbucket *tb, enum tb__kind kind, uint64_t p, uint
 /*
  * Takes tb->writer.  On a shared bucket whose last holder died holding it
  * (EOWNERDEAD), first repairs what that writer left half done, then marks
- * the mutex consistent (docs/DESIGN.md, "Crashes"); a regime found frozen
+ * the mutex consistent (docs/shm.md, "Crashes"); a regime found frozen
  * with the lock taken is repaired the same way (no live writer froze it).
  * 0, -EBADMSG for a corrupt bucket or a mutex that fails to lock
  * (ENOTRECOVERABLE, EINVAL: marked corrupt), or -EDEADLK when the lock is
@@ -365,7 +365,7 @@ static inline uint64_t tb__head_at(const struct tb__view *v, uint64_t head, int6
 
 /*
  * The level at t, head + hoff + P(t) - tail.  head + hoff - tail is a valid
- * int64_t (docs/DESIGN.md); P(t) may approach 2^128, so it is saturated at
+ * int64_t (docs/core.md); P(t) may approach 2^128, so it is saturated at
  * 2^126, far above any burst: the value is exact whenever it matters, and
  * amounts to move rovers by are taken modulo 2^64 from tb__head_at.
  */

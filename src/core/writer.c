@@ -68,7 +68,7 @@ void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at)
 
 /*
  * A writer died holding the lock.  What it can have left half done
- * (docs/DESIGN.md, "Crashes"):
+ * (docs/shm.md, "Crashes"):
  *  - a rate change or reset that froze the regime (gen odd) and did not
  *    publish the next: roll back by publishing the frozen regime again,
  *    unfrozen (the next even gen, the same slot content).  Production

@@ -2,7 +2,7 @@
 --
 -- libtokenbucket-redis: one exact token bucket per key, decided inside Redis.
 -- The arguments, the reply and the stored value are documented in
--- tokenbucket-redis(7); docs/DESIGN.md explains the arithmetic.
+-- tokenbucket-redis(7); docs/redis.md explains the arithmetic.
 --
 -- KEYS[1]  the bucket's key
 -- ARGV[1]  op: "allow", "reserve", "cancel", "tokens" or "reset"

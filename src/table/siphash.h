@@ -3,7 +3,7 @@
  * SipHash-1-3 (Aumasson and Bernstein's keyed hash with one compression
  * round per 8-byte block and three finalisation rounds) with a 64-bit
  * output.  It keys the per-key tables: without the 128-bit secret, nobody
- * can choose keys that land in the same lines (docs/DESIGN.md, "Tables").
+ * can choose keys that land in the same lines (docs/table.md).
  * Inline, so that a table's lookup pays no call; tb__siphash13 (below)
  * is the same function out of line, for the tests and the benchmark.
  */

@@ -9,7 +9,7 @@
  * whose origin is the table's.  A slot changes hands by a claim (state
  * version made odd), a fingerprint written under the claim, and a confirm
  * (version made even); a taker compares-and-swaps the state it read, so a
- * take never lands on a slot that changed hands.  docs/DESIGN.md, "Tables",
+ * take never lands on a slot that changed hands.  docs/table.md
  * gives the argument and what a crash at each step leaves.
  */
 #include <errno.h>
@@ -887,7 +887,8 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 /*
  * The header's checks: what is not a table, another layout, a table not
  * initialised yet, then a configuration no table can have.  Slots need no
- * check: any word there yields a defined state (docs/DESIGN.md).
+ * check: any word there yields a defined state (docs/shm.md, "Corrupt
+ * mappings").
  */
 static int table_check(const struct tbt_mem *m, size_t size)
 {

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The per-key table's memory layout and the helpers its tests share.
- * docs/DESIGN.md ("Tables") explains the protocol; the comments here state
+ * docs/table.md explains the protocol; the comments here state
  * what each word promises.
  *
  * Memory: a header (128 bytes), a counters line, then `lines` cache lines of
@@ -106,7 +106,7 @@ _Static_assert(sizeof(struct tbt_line) == 64, "a line is one cache line");
  * multiply-shift of two 32-bit words, each with the 8 hash bits the
  * fingerprint lacks in its top byte: two hashes with one fingerprint differ
  * there, so from 256 buckets up their first buckets differ, and so do
- * their second ones unless one was moved off its first (see docs/DESIGN.md,
+ * their second ones unless one was moved off its first (see docs/table.md,
  * "Where a key lives").  The second differs from the first whenever there
  * are two buckets.
  */

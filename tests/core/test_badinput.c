@@ -90,7 +90,7 @@ static int64_t level(const struct snap *s)
 }
 
 /*
- * What every state keeps (docs/DESIGN.md, invariants 1 and 3).  head <= ceil
+ * What every state keeps (docs/core.md, invariants 1 and 3).  head <= ceil
  * does not hold once set_burst lowers burst below what is in flight: ceil
  * then falls behind head (ceil - tail = burst - in flight < 0), and nothing
  * is credited until releases make up for it.

@@ -549,7 +549,7 @@ static void do_op(struct run *r, struct input *in, int op)
  * slot: a key's eight candidates cannot all hold other keys), each key
  * against a model bucket whose clock starts at the table's first call.
  * Times run forward, and backwards only for keys that hold a slot (a key
- * without one has seen no time, docs/DESIGN.md "Tables").
+ * without one has seen no time, docs/table.md).
  */
 static void run_table(struct input *in)
 {

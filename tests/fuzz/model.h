@@ -3,7 +3,7 @@
  * A reference model of one token bucket, for differential testing.
  *
  * It implements the sequential semantics that include/tokenbucket.h,
- * docs/DESIGN.md and the manual pages promise, in the plainest way: one
+ * docs/core.md and the manual pages promise, in the plainest way: one
  * mutex around everything, 128-bit integers for production, and state kept
  * as counters.  It shares no code with src/; only the public constants and
  * struct tokenbucket_reservation come from the public header.

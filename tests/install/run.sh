@@ -6,7 +6,10 @@
 # Installs the build tree BUILDDIR into a fresh temporary prefix, checks the
 # installed layout, then builds and runs tests/install/consumer.c against it:
 #   - through pkg-config, linked to the shared and to the static library;
-#   - through find_package(tokenbucket) (tests/install/cmake).
+#   - through find_package(tokenbucket) (tests/install/cmake);
+#   - find_package(tokenbucket COMPONENTS redis) finds tokenbucket::redis, and
+#     without its targets file (no libtokenbucket-redis-dev) fails naming that
+#     package; an unknown component fails naming itself.
 #
 # Environment: CC, CMAKE, PKG_CONFIG (defaults cc, cmake, pkg-config) and
 # TOKENBUCKET_INSTALL_CONFIG (the configuration, for multi-config builds).
@@ -215,5 +218,45 @@ if [ $static = yes ]; then
 	e=$(exe consumer_static)
 	run_consumer "$e"
 fi
+
+# ---- find_package components -----------------------------------------------
+
+# A project that asks for the components in TB_COMPONENTS and needs every
+# target they name.
+comp_src=$tmp/components
+mkdir -p "$comp_src"
+cat >"$comp_src/CMakeLists.txt" <<'CMAKE'
+cmake_minimum_required(VERSION 3.16)
+project(tokenbucket_components LANGUAGES C)
+find_package(tokenbucket 1.0 REQUIRED COMPONENTS ${TB_COMPONENTS})
+if("redis" IN_LIST TB_COMPONENTS AND NOT TARGET tokenbucket::redis)
+  message(FATAL_ERROR "the redis component was found without tokenbucket::redis")
+endif()
+CMAKE
+# configure_components NAME PREFIX COMPONENTS: configures it, output in
+# $tmp/NAME.log.
+configure_components() {
+	"$CMAKE" -S "$comp_src" -B "$tmp/$1" -DCMAKE_C_COMPILER="$CC" \
+		-DCMAKE_PREFIX_PATH="$2" "-DTB_COMPONENTS=$3" >"$tmp/$1.log" 2>&1
+}
+# expect_refusal NAME PREFIX COMPONENTS TEXT: configuring fails and says TEXT.
+expect_refusal() {
+	if configure_components "$1" "$2" "$3"; then
+		fail "find_package(tokenbucket COMPONENTS $3) succeeded in $2"
+	fi
+	grep -qF "$4" "$tmp/$1.log" ||
+		fail "find_package(tokenbucket COMPONENTS $3) failed without naming $4: $(cat "$tmp/$1.log")"
+	note "find_package(tokenbucket COMPONENTS $3) in $(basename "$2"): refused, naming $4"
+}
+if [ -f "$libdir/cmake/tokenbucket/tokenbucket-redisTargets.cmake" ]; then
+	configure_components redis-found "$prefix" redis ||
+		fail "find_package(tokenbucket COMPONENTS redis) failed: $(cat "$tmp/redis-found.log")"
+	note "find_package(tokenbucket COMPONENTS redis): tokenbucket::redis"
+fi
+# What libtokenbucket-dev installs without libtokenbucket-redis-dev.
+cp -a "$prefix" "$tmp/no-redis"
+rm -f "$tmp/no-redis/$libdir_rel"/cmake/tokenbucket/tokenbucket-redisTargets*.cmake
+expect_refusal redis-absent "$tmp/no-redis" redis libtokenbucket-redis-dev
+expect_refusal unknown "$prefix" nosuch 'unknown component "nosuch"'
 
 note "all passed"

@@ -906,7 +906,7 @@ END_TEST
 
 /*
  * File offsets of the 8-byte words the tests below change, in the layout of
- * 1.1 (header, then the state; docs/DESIGN.md, "Corrupt mappings").
+ * 1.1 (header, then the state; docs/shm.md, "Corrupt mappings").
  */
 enum {
 	W_CORRUPT = 120,      /* the corrupt mark */

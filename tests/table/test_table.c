@@ -640,7 +640,7 @@ START_TEST(siphash_reference)
 END_TEST
 
 /*
- * The confusion bound of docs/DESIGN.md: hashes with one fingerprint (all
+ * The confusion bound of docs/table.md: hashes with one fingerprint (all
  * but the low byte) never share a first bucket from 256 buckets up, nor a
  * second one unless it was moved off the first; both buckets are in range
  * and differ whenever they can.
