@@ -198,6 +198,14 @@ int tb__bucket_init(struct tokenbucket *tb, enum tb__kind kind, uint64_t p, uint
 		    uint64_t burst, unsigned flags, const pthread_mutexattr_t *attr);
 /* An unlimited rate means full: head rises to burst (capped: within ceil). */
 void tb__fill(struct tokenbucket *tb, const struct tb__view *v, int64_t at);
+/*
+ * The writers' changes, for a caller that holds tb->writer: the rate (kind,
+ * p/q as tb__ratio_from_* give them) and the burst (checked), at the latest
+ * time seen, at least now.  0, or -EBADMSG for a corrupt bucket.
+ */
+int tb__change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind, uint64_t p,
+		    uint64_t q);
+int tb__change_burst(struct tokenbucket *tb, int64_t now, uint64_t burst);
 
 /* ---- shared.c: buckets in shared memory --------------------------------- */
 
@@ -232,6 +240,16 @@ void tb__writer_help(struct tokenbucket *tb);
 #define TB__SHM_DIR "/dev/shm/"
 #define TB__SHM_PREFIX "tokenbucket."
 #define TB__PATH_SIZE (sizeof(TB__SHM_DIR TB__SHM_PREFIX) + TOKENBUCKET_NAME_MAX)
+
+/*
+ * tokenbucket_init_shared and tokenbucket_open with the rate as the bucket
+ * stores it (kind, and p/q in lowest terms; 0/1 unless finite), for the
+ * double and the exact (struct tokenbucket_limit) entry points alike.
+ */
+int tb__init_shared(struct tokenbucket **tbp, void *mem, size_t size, enum tb__kind kind,
+		    uint64_t p, uint64_t q, uint64_t burst, unsigned flags);
+int tb__open(struct tokenbucket **tbp, const char *name, enum tb__kind kind, uint64_t p,
+	     uint64_t q, uint64_t burst, unsigned flags, unsigned mode, unsigned *status);
 
 /* Whether 8-byte atomics are lock-free and address-free here. */
 bool tb__atomics_shareable(void);
