@@ -138,15 +138,19 @@ int tokenbucket_set_limit(struct tokenbucket *tb, const struct tokenbucket_limit
 }
 
 /*
- * A table has no unlimited rate: such a limit goes to the table functions
- * as the fastest ratio there is, which they refuse with -ERANGE after
- * every -EINVAL of the other arguments.
+ * The tokens and period_ns a table function gets for a limit: a table has
+ * no unlimited rate, so such a limit goes as the fastest ratio there is,
+ * which the table functions refuse with -ERANGE after every -EINVAL of the
+ * other arguments.  -EINVAL for lim NULL or a negative period.
  */
-static void table_ratio(const struct tokenbucket_limit *lim, uint64_t *tokens, int64_t *period_ns)
+static int table_ratio(const struct tokenbucket_limit *lim, uint64_t *tokens, int64_t *period_ns)
 {
+	if (lim == NULL || lim->period_ns < 0)
+		return -EINVAL;
 	bool unlimited = lim->tokens > 0 && lim->period_ns == 0;
 	*tokens = unlimited ? UINT64_MAX : lim->tokens;
 	*period_ns = unlimited ? 1 : lim->period_ns;
+	return 0;
 }
 
 int tokenbucket_table_create_limit(struct tokenbucket_table **tp,
@@ -154,11 +158,10 @@ int tokenbucket_table_create_limit(struct tokenbucket_table **tp,
 				   unsigned flags)
 {
 	uint64_t tokens;
-	int64_t period_ns;
-	if (tp == NULL || lim == NULL || lim->period_ns < 0)
+	int64_t period;
+	if (tp == NULL || table_ratio(lim, &tokens, &period))
 		return -EINVAL;
-	table_ratio(lim, &tokens, &period_ns);
-	return tokenbucket_table_create(tp, tokens, period_ns, lim->burst, capacity, flags);
+	return tokenbucket_table_create(tp, tokens, period, lim->burst, capacity, flags);
 }
 
 int tokenbucket_table_init_shared_limit(struct tokenbucket_table **tp, void *mem, size_t size,
@@ -166,11 +169,10 @@ int tokenbucket_table_init_shared_limit(struct tokenbucket_table **tp, void *mem
 					unsigned flags)
 {
 	uint64_t tokens;
-	int64_t period_ns;
-	if (tp == NULL || lim == NULL || lim->period_ns < 0)
+	int64_t period;
+	if (tp == NULL || table_ratio(lim, &tokens, &period))
 		return -EINVAL;
-	table_ratio(lim, &tokens, &period_ns);
-	return tokenbucket_table_init_shared(tp, mem, size, tokens, period_ns, lim->burst, capacity,
+	return tokenbucket_table_init_shared(tp, mem, size, tokens, period, lim->burst, capacity,
 					     flags);
 }
 
@@ -179,10 +181,9 @@ int tokenbucket_table_open_limit(struct tokenbucket_table **tp, const char *name
 				 unsigned flags, unsigned mode, unsigned *status)
 {
 	uint64_t tokens;
-	int64_t period_ns;
-	if (tp == NULL || lim == NULL || lim->period_ns < 0)
+	int64_t period;
+	if (tp == NULL || table_ratio(lim, &tokens, &period))
 		return -EINVAL;
-	table_ratio(lim, &tokens, &period_ns);
-	return tokenbucket_table_open(tp, name, tokens, period_ns, lim->burst, capacity, flags, mode,
+	return tokenbucket_table_open(tp, name, tokens, period, lim->burst, capacity, flags, mode,
 				      status);
 }

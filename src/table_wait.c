@@ -19,10 +19,7 @@ int tokenbucket_table_wait(struct tokenbucket_table *t, const void *key, size_t 
 	if (err)
 		return err;
 	int64_t now = tb__now();
-	/* TOKENBUCKET_NEVER - 1 as the limit: a wait that never ends is refused. */
-	int64_t max_wait = deadline == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER - 1
-			   : deadline < now		  ? -1
-							  : deadline - now;
+	int64_t max_wait = tb__max_wait_until(deadline, now);
 	struct tokenbucket_reservation r;
 	err = tokenbucket_table_reserve_at(t, now, key, len, n, max_wait, &r);
 	if (err)
