@@ -6,12 +6,16 @@
  * answers, bit for bit, on the same calls at the same times.
  */
 #include <fcntl.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check_tb.h"
@@ -500,6 +504,68 @@ START_TEST(twins_without_at)
 }
 END_TEST
 
+
+/* ---- SIGKILL in the middle of set_limit ------------------------------------------ */
+
+static bool limit_is(const limit_t *l, const limit_t *rate, const limit_t *burst)
+{
+	return l->tokens == rate->tokens && l->period_ns == rate->period_ns &&
+	       l->burst == burst->burst;
+}
+
+/*
+ * A writer killed at any instant of a set_limit leaves the old limit, the
+ * new one, or the new rate with the old burst (or, within set_burst, the
+ * new burst): a consistent bucket the next writer takes over, which never
+ * holds more than its burst.
+ */
+START_TEST(set_limit_killed)
+{
+	const limit_t a = {1, 3, 5}, b = {7, 2 * MS, 9};
+	size_t size = tokenbucket_shared_size();
+	void *mem = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne(mem, MAP_FAILED);
+	struct tokenbucket *tb = NULL;
+	ck_assert_int_eq(tokenbucket_init_shared_limit(&tb, mem, size, &a, 0), 0);
+	uint64_t seed = 2718281828u;
+	int64_t now = 1000;
+	for (int round = 0; round < 40; round++) {
+		pid_t pid = fork();
+		ck_assert_int_ge(pid, 0);
+		if (pid == 0) {
+			for (int64_t t = now;; t += 1000) {
+				tokenbucket_set_limit_at(tb, t, (t / 1000) & 1 ? &a : &b);
+				tokenbucket_allow_at(tb, t, 1);
+			}
+		}
+		struct timespec ts = {0, (long)(next_rand(&seed) % 3000000)};
+		nanosleep(&ts, NULL);
+		ck_assert_int_eq(kill(pid, SIGKILL), 0);
+		int status;
+		ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+		limit_t got;
+		ck_assert_int_eq(tokenbucket_get_limit(tb, &got), 0);
+		ck_assert_msg(limit_is(&got, &a, &a) || limit_is(&got, &b, &b) ||
+				      limit_is(&got, &a, &b) || limit_is(&got, &b, &a),
+			      "a limit no set_limit leaves: %" PRIu64 "/%" PRId64 " burst %" PRIu64,
+			      got.tokens, got.period_ns, got.burst);
+		/* Past anything the child reached: its clock ran 1000 ns a call. */
+		now = INT64_C(1) << 50 << (round % 8);
+		now += round;
+		ck_assert(tokenbucket_tokens_at(tb, now) <= (double)got.burst);
+		ck_assert_int_eq(tokenbucket_set_limit_at(tb, now, &a), 0);
+		ck_assert_int_eq(tokenbucket_get_limit(tb, &got), 0);
+		ck_assert(limit_is(&got, &a, &a));
+		ck_assert(tokenbucket_tokens_at(tb, now) <= 5);
+		ck_assert_int_eq(tokenbucket_reset_at(tb, now, 0), 0);
+		ck_assert(!tokenbucket_allow_at(tb, now + 2, 1));
+		ck_assert(tokenbucket_allow_at(tb, now + 3, 1));
+		now += 10;
+	}
+	munmap(mem, size);
+}
+END_TEST
+
 /* ---- Tables --------------------------------------------------------------------- */
 
 /* The same calls on one key of two tables give the same answers. */
@@ -820,6 +886,10 @@ Suite *limit_suite(void)
 	tcase_add_test(tc, table_limit_errors);
 	tcase_add_test(tc, table_open_limit_differs);
 	suite_add_tcase(s, tc);
+	TCase *k = tcase_create("killed");
+	tcase_set_timeout(k, 60);
+	tcase_add_test(k, set_limit_killed);
+	suite_add_tcase(s, k);
 	TCase *w = tcase_create("table-wait");
 	tcase_set_timeout(w, 30);
 	tcase_add_test(w, table_wait_errors);
