@@ -29,7 +29,7 @@
  *    -ERANGE.  Output parameters are left untouched on failure.
  *  - Every function except tokenbucket_set_* and tokenbucket_reset* is
  *    lock-free and may be called from any number of threads at once.  The
- *    set_* and reset_at functions serialise among themselves with a lock and
+ *    set_* and reset functions serialise among themselves with a lock and
  *    are safe to call concurrently with everything else.  One exception, at
  *    extreme rates: once the rate in force has produced 2^61 tokens since it
  *    was set, reset or last normalized (at 1e15 tokens/s every 38 minutes;
