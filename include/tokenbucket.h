@@ -13,14 +13,23 @@
  *    INT64_MIN is read as INT64_MIN + 1, one of INT64_MAX as INT64_MAX - 1.
  *  - Time never runs backwards inside a bucket: a "now" earlier than the
  *    latest time the bucket has seen is treated as that latest time.
+ *  - Where "now" goes (since 1.2.0, followed by every function added since):
+ *    a call that acts at a time comes as name(), which reads
+ *    tokenbucket_now(), and name_at(), which takes now as its second
+ *    argument, right after the bucket or table it acts on; a call that
+ *    sleeps takes an absolute deadline instead and has no _at form.  The
+ *    1.0 and 1.1 cancel_at functions, which take now last, stay as shipped.
+ *  - A rate and burst are said exactly by struct tokenbucket_limit (since
+ *    1.2.0): tokens every period_ns.  The double rates of 1.0 are converted
+ *    once to such a ratio (tokenbucket_limit_from_rate shows which).
  *  - Production is exact: a rate of p tokens per q ns yields exactly
  *    floor(T * p / q) whole tokens in T ns, fractions carried.
  *  - Functions returning int return 0 or a negative errno value; a NULL
  *    pointer's -EINVAL comes before any other error, and -EINVAL before
  *    -ERANGE.  Output parameters are left untouched on failure.
- *  - Every function except tokenbucket_set_* and tokenbucket_reset_at is
+ *  - Every function except tokenbucket_set_* and tokenbucket_reset* is
  *    lock-free and may be called from any number of threads at once.  The
- *    set_* and reset_at functions serialise among themselves with a lock and
+ *    set_* and reset functions serialise among themselves with a lock and
  *    are safe to call concurrently with everything else.  One exception, at
  *    extreme rates: once the rate in force has produced 2^61 tokens since it
  *    was set, reset or last normalized (at 1e15 tokens/s every 38 minutes;
@@ -115,6 +124,8 @@ TOKENBUCKET_API void tokenbucket_free(struct tokenbucket *tb);
  * -EINVAL: tb NULL, tokens > burst.
  */
 TOKENBUCKET_API int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens);
+/* tokenbucket_reset_at at tokenbucket_now().  Since 1.2.0. */
+TOKENBUCKET_API int tokenbucket_reset(struct tokenbucket *tb, uint64_t tokens);
 
 /* ---- The Seastar face ---------------------------------------------------- */
 
@@ -252,6 +263,9 @@ TOKENBUCKET_API int tokenbucket_set_rate(struct tokenbucket *tb, double rate);
 TOKENBUCKET_API int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate);
 TOKENBUCKET_API int tokenbucket_set_rate_every_at(struct tokenbucket *tb, int64_t now,
 						  uint64_t tokens, int64_t period_ns);
+/* tokenbucket_set_rate_every_at at tokenbucket_now().  Since 1.2.0. */
+TOKENBUCKET_API int tokenbucket_set_rate_every(struct tokenbucket *tb, uint64_t tokens,
+					       int64_t period_ns);
 /*
  * Go's SetBurstAt: tokens produced up to now are credited first; lowering
  * burst drops the tokens above it (and lowers the threshold to it).
@@ -561,6 +575,131 @@ struct tokenbucket_table_stats {
 /* Fills *s.  -EINVAL: a NULL argument. */
 TOKENBUCKET_API int tokenbucket_table_stats(struct tokenbucket_table *t,
 					    struct tokenbucket_table_stats *s);
+
+/* ---- 1.2: exact limits ----------------------------------------------------- */
+
+/*
+ * A rate and a burst, exactly: tokens every period_ns nanoseconds, and at
+ * most burst tokens held.  Since 1.2.0.
+ *  - tokens 0: rate 0, the bucket never refills (period_ns any value >= 0);
+ *  - period_ns 0 with tokens > 0: unlimited, the rate TOKENBUCKET_INF
+ *    (tables have none: -ERANGE);
+ *  - otherwise tokens >= 1 every period_ns >= 1, reduced to lowest terms
+ *    (2 every 6 ns is 1 every 3 ns): after T ns exactly
+ *    floor(T * tokens / period_ns) tokens have been produced.
+ * period_ns < 0 is -EINVAL everywhere.  burst is checked by the function
+ * that takes the limit: at most TOKENBUCKET_BURST_MAX for a bucket,
+ * TOKENBUCKET_TABLE_BURST_MAX for a table, else -ERANGE.
+ */
+struct tokenbucket_limit {
+	uint64_t tokens;
+	int64_t period_ns;
+	uint64_t burst;
+};
+
+/*
+ * The exact limit tokenbucket_create and the other functions that take a
+ * double make of rate (tokens per second) and burst: the simplest ratio
+ * p/q tokens per ns that reads back as rate (0.1 is 1 every 1e10 ns),
+ * {0, 1, burst} for 0 and {1, 0, burst} for TOKENBUCKET_INF (any rate >=
+ * DBL_MAX).  A bucket made from *lim behaves bit for bit as one made from
+ * rate.  -EINVAL: lim NULL, rate NaN or negative (*lim untouched).  Pure:
+ * any thread, any time.
+ */
+TOKENBUCKET_API int tokenbucket_limit_from_rate(struct tokenbucket_limit *lim, double rate,
+						uint64_t burst);
+/*
+ * Fills *lim with the bucket's rate in force, in lowest terms ({0, 1} for
+ * rate 0, {1, 0} for unlimited), and its burst; each is read as it stands,
+ * so a racing rate and burst change may be seen half done.  Lock-free.
+ * -EINVAL: tb or lim NULL.  -EBADMSG: a shared bucket whose words hold no
+ * rate a bucket can have.
+ */
+TOKENBUCKET_API int tokenbucket_get_limit(const struct tokenbucket *tb,
+					  struct tokenbucket_limit *lim);
+/*
+ * As tokenbucket_create (and tokenbucket_create_every) with the exact rate
+ * and burst of *lim.  -EINVAL: tbp or lim NULL, period_ns < 0, unknown
+ * flag bits.  -ERANGE: burst > TOKENBUCKET_BURST_MAX.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_create_limit(struct tokenbucket **tbp,
+					     const struct tokenbucket_limit *lim, unsigned flags);
+/*
+ * As tokenbucket_init_shared with the exact rate and burst of *lim.  Errors:
+ * those of tokenbucket_init_shared; -EINVAL also for lim NULL or
+ * period_ns < 0.
+ */
+TOKENBUCKET_API int tokenbucket_init_shared_limit(struct tokenbucket **tbp, void *mem,
+						  size_t size,
+						  const struct tokenbucket_limit *lim,
+						  unsigned flags);
+/*
+ * As tokenbucket_open with the exact rate and burst of *lim: a bucket it
+ * creates has that rate from its first instant, and TOKENBUCKET_OPEN_DIFFERS
+ * compares the rate in force with *lim's ratio in lowest terms, exactly
+ * (and burst and flags).  Errors: those of tokenbucket_open; -EINVAL also
+ * for lim NULL or period_ns < 0.
+ */
+TOKENBUCKET_API int tokenbucket_open_limit(struct tokenbucket **tbp, const char *name,
+					   const struct tokenbucket_limit *lim, unsigned flags,
+					   unsigned mode, unsigned *status);
+/*
+ * Changes rate and burst together at now: as tokenbucket_set_rate_every_at
+ * then tokenbucket_set_burst_at at the same now, under one hold of the
+ * writer lock, so no other writer comes between them (lock-free calls may
+ * see the new rate with the old burst for that moment; a writer killed
+ * between the two leaves that state, which is consistent).  -EINVAL: tb or
+ * lim NULL, period_ns < 0.  -ERANGE: burst > TOKENBUCKET_BURST_MAX.
+ * -EBADMSG, -EDEADLK: as tokenbucket_set_rate_at (after -EBADMSG the rate
+ * may have changed without the burst).  Nothing changes on another error.
+ * Serialised with the other writers; safe beside every call but free.
+ */
+TOKENBUCKET_API int tokenbucket_set_limit(struct tokenbucket *tb,
+					  const struct tokenbucket_limit *lim);
+TOKENBUCKET_API int tokenbucket_set_limit_at(struct tokenbucket *tb, int64_t now,
+					     const struct tokenbucket_limit *lim);
+
+/*
+ * The table functions with the exact rate and burst of *lim, as
+ * tokenbucket_table_create, tokenbucket_table_init_shared and
+ * tokenbucket_table_open with lim->tokens and lim->period_ns (and the same
+ * TOKENBUCKET_OPEN_DIFFERS).  Errors: theirs; -EINVAL also for lim NULL or
+ * period_ns < 0; -ERANGE also for an unlimited limit (period_ns 0 with
+ * tokens > 0), after every -EINVAL.
+ */
+TOKENBUCKET_API int tokenbucket_table_create_limit(struct tokenbucket_table **tp,
+						   const struct tokenbucket_limit *lim,
+						   uint64_t capacity, unsigned flags);
+TOKENBUCKET_API int tokenbucket_table_init_shared_limit(struct tokenbucket_table **tp, void *mem,
+							size_t size,
+							const struct tokenbucket_limit *lim,
+							uint64_t capacity, unsigned flags);
+TOKENBUCKET_API int tokenbucket_table_open_limit(struct tokenbucket_table **tp, const char *name,
+						 const struct tokenbucket_limit *lim,
+						 uint64_t capacity, unsigned flags, unsigned mode,
+						 unsigned *status);
+
+/*
+ * Go's WaitN on the key's bucket: reserves n tokens as
+ * tokenbucket_table_reserve_at at tokenbucket_now(), then sleeps on
+ * CLOCK_MONOTONIC until they are there.  deadline and cancel_fd as for
+ * tokenbucket_wait (sleeping in slices of at most 50 ms when cancel_fd is
+ * not -1; signals do not end the wait).  A table's rate never changes, so
+ * the tokens are there at the reservation's time_to_act.
+ * 0: the tokens are taken (also when a cancel or a closed cancel_fd is
+ * noticed only once they are there).  -EINVAL: t NULL, key NULL with
+ * len > 0.  -EBADF, -ECANCELED: cancel_fd closed or readable, on entry
+ * (nothing taken) or while sleeping (the reservation is given back as
+ * tokenbucket_table_cancel_at does, whole unless the key's bucket was
+ * given to another key meanwhile).  Then the errors of
+ * tokenbucket_table_reserve_at: -E2BIG (n > burst), -ETIMEDOUT (not there
+ * by the deadline; never, with rate 0: nothing is taken), -EOVERFLOW,
+ * -EBUSY, -ERANGE.  Other negative errno values from poll(2).  Thread-safe
+ * and lock-free as the table's other calls (apart from sleeping).
+ */
+TOKENBUCKET_API int tokenbucket_table_wait(struct tokenbucket_table *t, const void *key,
+					   size_t len, uint64_t n, int64_t deadline,
+					   int cancel_fd);
 
 #ifdef __cplusplus
 }

@@ -59,5 +59,7 @@ Suite *stress_suite(void);
 Suite *shared_suite(void);
 Suite *table_suite(void);
 Suite *table_shared_suite(void);
+/* 1.2: exact limits, the twins without _at, a table's wait (core/test_limit.c). */
+Suite *limit_suite(void);
 
 #endif

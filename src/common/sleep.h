@@ -57,6 +57,16 @@ static inline int tb__cancel_check(int fd)
 }
 
 /*
+ * The max_wait a wait's reservation takes for an absolute deadline, at now:
+ * -1 for a deadline already past, and TOKENBUCKET_NEVER - 1 for none (a
+ * reservation that would never be covered is refused, not slept on).
+ */
+static inline int64_t tb__max_wait_until(int64_t deadline, int64_t now)
+{
+	return deadline == INT64_MAX ? INT64_MAX - 1 : deadline < now ? -1 : deadline - now;
+}
+
+/*
  * Sleeps until target_ns on CLOCK_MONOTONIC: 0, or a negative errno
  * (-ECANCELED when cancel_fd becomes readable or hangs up, -EBADF when it is
  * closed, or what the sleep itself failed with).  cancel_fd < 0: none, and

@@ -157,6 +157,12 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q);
 /* Reduces tokens per period_ns to lowest terms; returns the kind. */
 enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t *p,
 				   uint64_t *q);
+/*
+ * The rate of a limit as a bucket stores it: kind, and p/q in lowest terms
+ * (0/1 unless finite).  -EINVAL for a period no rate has.  (limit.c)
+ */
+int tb__limit_ratio(const struct tokenbucket_limit *lim, enum tb__kind *kind, uint64_t *p,
+		    uint64_t *q);
 /* The first time after "at" when j more tokens than P(at) are there. */
 int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j);
 /* Nanoseconds from "at" to tb__time_of (which goes to *act); NEVER if never or too far. */
@@ -201,6 +207,14 @@ int tb__bucket_check(uint64_t burst, unsigned flags);
  */
 int tb__bucket_init(struct tokenbucket *tb, enum tb__kind kind, uint64_t p, uint64_t q,
 		    uint64_t burst, unsigned flags, const pthread_mutexattr_t *attr);
+/*
+ * The writers' changes, for a caller that holds tb->writer: the rate (kind,
+ * p/q as tb__ratio_from_* give them) and the burst (checked), at the latest
+ * time seen, at least now.  0, or -EBADMSG for a corrupt bucket.
+ */
+int tb__change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind, uint64_t p,
+		    uint64_t q);
+int tb__change_burst(struct tokenbucket *tb, int64_t now, uint64_t burst);
 
 /* ---- writer.c: the writer lock, its repair, what writers publish ------ */
 

@@ -134,8 +134,8 @@ static bool writer_enter(struct tokenbucket *tb, int64_t now, struct tb__view *v
  * Switches to a new rate at the latest time seen, at least now (see the
  * top).  0, or -EBADMSG for a corrupt bucket.
  */
-static int change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind, uint64_t p,
-		       uint64_t q)
+int tb__change_rate(struct tokenbucket *tb, int64_t now, enum tb__kind kind, uint64_t p,
+		    uint64_t q)
 {
 	struct tb__view old;
 	int64_t at;
@@ -182,7 +182,7 @@ int tokenbucket_set_rate_at(struct tokenbucket *tb, int64_t now, double rate)
 	int err = tb__writer_lock(tb);
 	if (err)
 		return err;
-	err = change_rate(tb, now, kind, p, q);
+	err = tb__change_rate(tb, now, kind, p, q);
 	pthread_mutex_unlock(&tb->writer);
 	return err;
 }
@@ -202,7 +202,7 @@ int tokenbucket_set_rate_every_at(struct tokenbucket *tb, int64_t now, uint64_t 
 	int err = tb__writer_lock(tb);
 	if (err)
 		return err;
-	err = change_rate(tb, now, kind, p, q);
+	err = tb__change_rate(tb, now, kind, p, q);
 	pthread_mutex_unlock(&tb->writer);
 	return err;
 }
@@ -216,12 +216,17 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 	int err = tb__writer_lock(tb);
 	if (err)
 		return err;
+	err = tb__change_burst(tb, now, burst);
+	pthread_mutex_unlock(&tb->writer);
+	return err;
+}
+
+int tb__change_burst(struct tokenbucket *tb, int64_t now, uint64_t burst)
+{
 	struct tb__view v;
 	int64_t at;
-	if (!writer_enter(tb, now, &v, &at)) {
-		pthread_mutex_unlock(&tb->writer);
+	if (!writer_enter(tb, now, &v, &at))
 		return -EBADMSG;
-	}
 	/* What lies above the old burst was lost at that burst: a higher one does not bring it back. */
 	uint64_t old = atomic_load(&tb->burst);
 	tb__drop(tb, &v, at, old);
@@ -236,7 +241,6 @@ int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst
 	/* Capped release: ceil - tail stays burst minus what is in flight. */
 	if (tb__capped(tb))
 		atomic_fetch_add(&tb->ceil, burst - old);
-	pthread_mutex_unlock(&tb->writer);
 	return 0;
 }
 

@@ -82,10 +82,7 @@ int tokenbucket_wait(struct tokenbucket *tb, uint64_t n, int64_t deadline, int c
 	if (cancel != 0)
 		return cancel;
 	int64_t now = tb__now();
-	/* TOKENBUCKET_NEVER - 1 as the limit: a wait that never ends is refused. */
-	int64_t max_wait = deadline == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER - 1
-			   : deadline < now		  ? -1
-							  : deadline - now;
+	int64_t max_wait = tb__max_wait_until(deadline, now);
 	struct tokenbucket_reservation r;
 	int err = tokenbucket_reserve_at(tb, now, n, max_wait, &r);
 	if (err)

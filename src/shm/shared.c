@@ -136,8 +136,15 @@ int tokenbucket_init_shared(struct tokenbucket **tbp, void *mem, size_t size, do
 {
 	enum tb__kind kind;
 	uint64_t p, q;
-	if (tbp == NULL || mem == NULL || !aligned(mem) || size < sizeof(struct tb__shared) ||
-	    rate_ratio(rate, &kind, &p, &q))
+	if (rate_ratio(rate, &kind, &p, &q))
+		return -EINVAL;
+	return tb__init_shared(tbp, mem, size, kind, p, q, burst, flags);
+}
+
+int tb__init_shared(struct tokenbucket **tbp, void *mem, size_t size, enum tb__kind kind,
+		    uint64_t p, uint64_t q, uint64_t burst, unsigned flags)
+{
+	if (tbp == NULL || mem == NULL || !aligned(mem) || size < sizeof(struct tb__shared))
 		return -EINVAL;
 	int err = tb__bucket_check(burst, flags);
 	if (err)
@@ -430,9 +437,19 @@ static int bucket_check_cb(const void *map, size_t have, void *arg)
 int tokenbucket_open(struct tokenbucket **tbp, const char *name, double rate, uint64_t burst,
 		     unsigned flags, unsigned mode, unsigned *status)
 {
+	enum tb__kind kind;
+	uint64_t p, q;
+	if (rate_ratio(rate, &kind, &p, &q))
+		return -EINVAL;
+	return tb__open(tbp, name, kind, p, q, burst, flags, mode, status);
+}
+
+int tb__open(struct tokenbucket **tbp, const char *name, enum tb__kind kind, uint64_t p,
+	     uint64_t q, uint64_t burst, unsigned flags, unsigned mode, unsigned *status)
+{
 	char path[TB__PATH_SIZE];
-	struct bucket_config c = {.burst = burst, .flags = flags};
-	if (tbp == NULL || mode > 0777 || rate_ratio(rate, &c.kind, &c.p, &c.q))
+	struct bucket_config c = {.kind = kind, .p = p, .q = q, .burst = burst, .flags = flags};
+	if (tbp == NULL || mode > 0777)
 		return -EINVAL;
 	int err = tb__shm_path(name, path, sizeof(path));
 	if (err == 0)

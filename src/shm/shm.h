@@ -17,6 +17,16 @@
 #define TB__SHM_PREFIX "tokenbucket."
 #define TB__PATH_SIZE (sizeof(TB__SHM_DIR TB__SHM_PREFIX) + TOKENBUCKET_NAME_MAX)
 
+/*
+ * tokenbucket_init_shared and tokenbucket_open with the rate as the bucket
+ * stores it (kind, and p/q in lowest terms; 0/1 unless finite), for the
+ * double and the exact (struct tokenbucket_limit) entry points alike.
+ */
+int tb__init_shared(struct tokenbucket **tbp, void *mem, size_t size, enum tb__kind kind,
+		    uint64_t p, uint64_t q, uint64_t burst, unsigned flags);
+int tb__open(struct tokenbucket **tbp, const char *name, enum tb__kind kind, uint64_t p,
+	     uint64_t q, uint64_t burst, unsigned flags, unsigned mode, unsigned *status);
+
 /* Whether 8-byte atomics are lock-free and address-free here. */
 bool tb__atomics_shareable(void);
 /* The file of a named object, or -EINVAL / -ENAMETOOLONG for a bad name. */

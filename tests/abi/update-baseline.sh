@@ -31,4 +31,7 @@ esac
 abidw --no-corpus-path --no-comp-dir-path --no-show-locs \
 	--headers-dir "$src/include" --drop-private-types --drop-undefined-syms \
 	--out-file "$out" "$lib"
+# abidw still names each translation unit by its absolute path: keep only
+# the part inside the source tree.
+sed -i "s|path='[^']*/\(src/[^']*\)'|path='\1'|" "$out"
 echo "wrote $out"

@@ -223,6 +223,14 @@ static _Noreturn void finish(int code)
 	exit(code);
 }
 
+/* A parsed rate as the library says it exactly: unlimited is a token every 0 ns. */
+static struct tokenbucket_limit exact_limit(const struct tbrate_rate *r, uint64_t burst)
+{
+	if (r->unlimited)
+		return (struct tokenbucket_limit){ .tokens = 1, .period_ns = 0, .burst = burst };
+	return (struct tokenbucket_limit){ r->tokens, r->period_ns, burst };
+}
+
 static int apply_rate(const struct tbrate_rate *r)
 {
 	uint64_t burst = g.burst ? g.burst : default_burst(r);
@@ -236,12 +244,8 @@ static int apply_rate(const struct tbrate_rate *r)
 		return 0;
 	}
 #endif
-	int64_t now = tokenbucket_now();
-	int e = r->unlimited ? tokenbucket_set_rate_at(g.tb, now, TOKENBUCKET_INF)
-			     : tokenbucket_set_rate_every_at(g.tb, now, r->tokens, r->period_ns);
-	if (e == 0 && tokenbucket_burst(g.tb) != burst)
-		e = tokenbucket_set_burst_at(g.tb, now, burst);
-	return e;
+	struct tokenbucket_limit lim = exact_limit(r, burst);
+	return tokenbucket_set_limit(g.tb, &lim);
 }
 
 static int read_rate_file(struct tbrate_rate *r, char err[TBRATE_ERR_SIZE])
@@ -857,21 +861,17 @@ static void open_shared(void)
 	snprintf(name, sizeof(name), "%s%s", g.shared[0] == '/' ? "" : "/", g.shared);
 	double rate = tbrate_rate_per_second(&g.rate);
 	uint64_t burst = g.burst ? g.burst : default_burst(&g.rate);
+	/* Exact from the bucket's first instant: no process ever sees a rounded rate. */
+	struct tokenbucket_limit lim = exact_limit(&g.rate, burst);
 	unsigned status = 0;
-	int e = tokenbucket_open(&g.tb, name, rate, burst, 0, 0600, &status);
+	int e = tokenbucket_open_limit(&g.tb, name, &lim, 0, 0600, &status);
 	if (e == -EINVAL || e == -ENAMETOOLONG)
 		bad_usage("bad shared bucket name \"%s\": %s", g.shared, strerror(-e));
 	if (e) {
 		warnx_("shared bucket %s: %s", name, strerror(-e));
 		exit(EXIT_BUCKET);
 	}
-	if (status & TOKENBUCKET_OPEN_CREATED) {
-		/* The double rate opened with is the simplest ratio; make it the exact one. */
-		if (!g.rate.unlimited)
-			(void)tokenbucket_set_rate_every_at(g.tb, tokenbucket_now(), g.rate.tokens,
-							    g.rate.period_ns);
-	} else if ((status & TOKENBUCKET_OPEN_DIFFERS) &&
-		   (tokenbucket_rate(g.tb) != rate || tokenbucket_burst(g.tb) != burst)) {
+	if (status & TOKENBUCKET_OPEN_DIFFERS) {
 		warnx_("warning: shared bucket %s exists with rate %.6g/s and burst %" PRIu64
 		       " (asked %.6g/s and %" PRIu64 "); joining it as it is",
 		       name, tokenbucket_rate(g.tb), tokenbucket_burst(g.tb), rate, burst);
