@@ -303,6 +303,18 @@ static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
 	return false;
 }
 
+/* o, answered that it did not run on c, sent on c again (after ASKING if it was). */
+static void resend(struct op *o, struct conn *c)
+{
+	bind_op(o, NULL);
+	if (o->asking && redisAsyncCommand(c->ac, NULL, NULL, "ASKING") != REDIS_OK)
+		o->err = -ENOMEM;
+	else
+		send_op(o, c);
+	if (o->conn == NULL)
+		complete(o, o->err, NULL, NULL, 0);
+}
+
 static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
 	struct op *o = privdata;
@@ -328,13 +340,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 	    module_mode(o->a) == TOKENBUCKET_REDIS_MODULE_AUTO) {
 		/* The module was unloaded: the call did not run; the script from now on. */
 		c->module = false;
-		bind_op(o, NULL);
-		if (o->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
-			o->err = -ENOMEM;
-		else
-			send_op(o, c);
-		if (o->conn == NULL)
-			complete(o, o->err, NULL, NULL, 0);
+		resend(o, c);
 		return;
 	}
 	int err = tbr__decode(&o->call, reply, &res, &rv, &tokens);
@@ -353,13 +359,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 			c->loading = true;
 		}
 		o->retried = true;
-		bind_op(o, NULL);
-		if (o->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
-			o->err = -ENOMEM;
-		else
-			send_op(o, c);
-		if (o->conn == NULL)
-			complete(o, o->err, NULL, NULL, 0);
+		resend(o, c);
 		return;
 	}
 	if (redirected(o, c, reply))
