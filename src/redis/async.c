@@ -66,7 +66,6 @@ struct conn {
 	bool unreached;        /* ac never connected: its ops were never written */
 	bool loading;          /* a SCRIPT LOAD is on ac, its reply not read yet */
 	bool module;           /* ac's server has the module (TOKENBUCKET.VERSION) */
-	int setup;             /* replies to ac's setup still to come */
 	int drop_err;          /* the error of the ops on an ac we free, or 0 */
 };
 
@@ -403,19 +402,19 @@ static struct conn *conn_of(struct tokenbucket_redis_async *a, struct tbr__node 
 }
 
 /*
- * Replies to the connection's setup: whether the server has the module
- * (any error means it has not), then SELECT; the calls wait until both
- * are in.
+ * Replies to the connection's setup.  Whether the server has the module
+ * (any error means it has not): the calls sent before the answer go as
+ * the script, which decides alike, rather than wait a round trip.
  */
 static void on_probe(redisAsyncContext *ac, void *reply, void *privdata)
 {
 	struct conn *c = privdata;
 	(void)ac;
-	if (reply == NULL)
-		return; /* the connection is going: the waiting ops get a new one */
-	c->module = tbr__module_speaks(reply);
-	c->ready = --c->setup == 0;
+	if (reply != NULL)
+		c->module = tbr__module_speaks(reply);
 }
+
+/* SELECT, which the calls wait for. */
 
 static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 {
@@ -432,7 +431,15 @@ static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 		redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
 		return;
 	}
-	c->ready = --c->setup == 0;
+	c->ready = true;
+}
+
+/* Where o goes now: an ASK target, its slot's primary, or the one server. */
+static struct tbr__node *target(struct tokenbucket_redis_async *a, const struct op *o)
+{
+	return o->ask != NULL ? o->ask
+	       : a->cluster != NULL ? tbr__cluster_route(a->cluster, o->slot)
+				    : a->node;
 }
 
 static void on_connect(const redisAsyncContext *ac, int status)
@@ -442,6 +449,24 @@ static void on_connect(const redisAsyncContext *ac, int status)
 		/* hiredis frees ac next, failing what was queued on it: none of it was written. */
 		c->dying = true;
 		c->unreached = true;
+		/*
+		 * The calls waiting for its setup were never queued on it: they
+		 * fail as those queued would (a cluster's wait for a pause and a
+		 * fresh map, a one-server client's fail now).
+		 */
+		struct tokenbucket_redis_async *a = c->a;
+		int err = conn_error(ac);
+		atomic_store_explicit(&c->node->failed_at, tokenbucket_now(), memory_order_relaxed);
+		for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
+			if (o->conn != NULL || o->err != 0 || target(a, o) != c->node)
+				continue;
+			if (a->cluster != NULL) {
+				tbr__cluster_set_stale(a->cluster);
+				again(o, err, true);
+			} else {
+				o->err = err;
+			}
+		}
 	}
 }
 
@@ -478,10 +503,9 @@ static int conn_open(struct conn *c)
 	ac->ev.cleanup = ev_cleanup;
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
-	/* The replies to the setup come first; meanwhile calls wait. */
-	c->ready = false;
+	/* The reply to SELECT comes first; meanwhile calls wait. */
+	c->ready = n->db == 0;
 	c->module = false;
-	c->setup = n->db == 0 ? 1 : 2;
 	if (redisAsyncCommandArgv(ac, on_probe, c, 1, (const char **)tbr__module_probe, NULL) != REDIS_OK ||
 	    (n->db != 0 && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK))
 		return -ENOMEM; /* ac stays: dropped with the ops' timeout */
@@ -544,10 +568,7 @@ static void send_waiting(struct tokenbucket_redis_async *a)
 	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
 		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
 			continue;
-		struct tbr__node *n = o->ask != NULL ? o->ask
-				      : a->cluster != NULL ? tbr__cluster_route(a->cluster, o->slot)
-							   : a->node;
-		struct conn *c = conn_of(a, n);
+		struct conn *c = conn_of(a, target(a, o));
 		if (c == NULL) {
 			o->err = -ENOMEM;
 			continue;
