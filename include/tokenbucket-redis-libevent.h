@@ -23,41 +23,43 @@
 
 #include <tokenbucket-redis.h>
 
+/* The adapter's own state and callbacks (tbr__libevent*): not part of the API. */
+
 /* One descriptor the client watches (one per server it talks to). */
-struct tokenbucket_redis_libevent_fd {
-	struct tokenbucket_redis_libevent *s;
+struct tbr__libevent_fd {
+	struct tbr__libevent *s;
 	struct event ev;
 	int fd;
 	int on;
 };
 
-struct tokenbucket_redis_libevent {
+struct tbr__libevent {
 	struct event_base *base;
 	struct tokenbucket_redis_async *a;
 	struct event timer;
-	struct tokenbucket_redis_libevent_fd **fds; /* each allocated once: libevent holds &ev */
+	struct tbr__libevent_fd **fds; /* each allocated once: libevent holds &ev */
 	size_t nfds;
 };
 
-static void tokenbucket_redis_libevent_io(evutil_socket_t fd, short what, void *p)
+static void tbr__libevent_io(evutil_socket_t fd, short what, void *p)
 {
-	struct tokenbucket_redis_libevent_fd *f = (struct tokenbucket_redis_libevent_fd *)p;
+	struct tbr__libevent_fd *f = (struct tbr__libevent_fd *)p;
 	unsigned events = ((what & EV_READ) ? TOKENBUCKET_REDIS_READ : 0u) |
 			  ((what & EV_WRITE) ? TOKENBUCKET_REDIS_WRITE : 0u);
 	tokenbucket_redis_async_ready(f->s->a, (int)fd, events);
 }
 
-static void tokenbucket_redis_libevent_fire(evutil_socket_t fd, short what, void *p)
+static void tbr__libevent_fire(evutil_socket_t fd, short what, void *p)
 {
 	(void)fd;
 	(void)what;
-	tokenbucket_redis_async_timeout(((struct tokenbucket_redis_libevent *)p)->a);
+	tokenbucket_redis_async_timeout(((struct tbr__libevent *)p)->a);
 }
 
-static void tokenbucket_redis_libevent_watch(void *p, int fd, unsigned events)
+static void tbr__libevent_watch(void *p, int fd, unsigned events)
 {
-	struct tokenbucket_redis_libevent *s = (struct tokenbucket_redis_libevent *)p;
-	struct tokenbucket_redis_libevent_fd *f = NULL, *idle = NULL;
+	struct tbr__libevent *s = (struct tbr__libevent *)p;
+	struct tbr__libevent_fd *f = NULL, *idle = NULL;
 	for (size_t i = 0; i < s->nfds && f == NULL; i++) {
 		if (s->fds[i]->on && s->fds[i]->fd == fd)
 			f = s->fds[i];
@@ -73,12 +75,12 @@ static void tokenbucket_redis_libevent_watch(void *p, int fd, unsigned events)
 	if (f == NULL)
 		f = idle;
 	if (f == NULL) {
-		struct tokenbucket_redis_libevent_fd **more =
-			(struct tokenbucket_redis_libevent_fd **)realloc(s->fds, (s->nfds + 1) * sizeof(*more));
+		struct tbr__libevent_fd **more =
+			(struct tbr__libevent_fd **)realloc(s->fds, (s->nfds + 1) * sizeof(*more));
 		if (more == NULL)
 			return; /* unwatched, its calls end at the command timeout */
 		s->fds = more;
-		f = (struct tokenbucket_redis_libevent_fd *)calloc(1, sizeof(*f));
+		f = (struct tbr__libevent_fd *)calloc(1, sizeof(*f));
 		if (f == NULL)
 			return;
 		f->s = s;
@@ -86,15 +88,15 @@ static void tokenbucket_redis_libevent_watch(void *p, int fd, unsigned events)
 	}
 	short what = (short)(EV_PERSIST | ((events & TOKENBUCKET_REDIS_READ) ? EV_READ : 0) |
 			     ((events & TOKENBUCKET_REDIS_WRITE) ? EV_WRITE : 0));
-	event_assign(&f->ev, s->base, fd, what, tokenbucket_redis_libevent_io, f);
+	event_assign(&f->ev, s->base, fd, what, tbr__libevent_io, f);
 	event_add(&f->ev, NULL);
 	f->on = 1;
 	f->fd = fd;
 }
 
-static void tokenbucket_redis_libevent_timer(void *p, int64_t ns)
+static void tbr__libevent_timer(void *p, int64_t ns)
 {
-	struct tokenbucket_redis_libevent *s = (struct tokenbucket_redis_libevent *)p;
+	struct tbr__libevent *s = (struct tbr__libevent *)p;
 	evtimer_del(&s->timer);
 	if (ns < 0)
 		return;
@@ -102,9 +104,9 @@ static void tokenbucket_redis_libevent_timer(void *p, int64_t ns)
 	evtimer_add(&s->timer, &tv);
 }
 
-static void tokenbucket_redis_libevent_free(void *p)
+static void tbr__libevent_free(void *p)
 {
-	struct tokenbucket_redis_libevent *s = (struct tokenbucket_redis_libevent *)p;
+	struct tbr__libevent *s = (struct tbr__libevent *)p;
 	for (size_t i = 0; i < s->nfds; i++) {
 		if (s->fds[i]->on)
 			event_del(&s->fds[i]->ev);
@@ -126,15 +128,15 @@ static inline int tokenbucket_redis_libevent_open(struct tokenbucket_redis_async
 {
 	if (ap == NULL || base == NULL)
 		return -22; /* EINVAL, without <errno.h> in a header */
-	struct tokenbucket_redis_libevent *s =
-		(struct tokenbucket_redis_libevent *)calloc(1, sizeof(*s));
+	struct tbr__libevent *s =
+		(struct tbr__libevent *)calloc(1, sizeof(*s));
 	if (s == NULL)
 		return -12; /* ENOMEM */
 	s->base = base;
-	evtimer_assign(&s->timer, base, tokenbucket_redis_libevent_fire, s);
-	struct tokenbucket_redis_loop loop = { s, tokenbucket_redis_libevent_watch,
-					       tokenbucket_redis_libevent_timer,
-					       tokenbucket_redis_libevent_free };
+	evtimer_assign(&s->timer, base, tbr__libevent_fire, s);
+	struct tokenbucket_redis_loop loop = { s, tbr__libevent_watch,
+					       tbr__libevent_timer,
+					       tbr__libevent_free };
 	int err = tokenbucket_redis_async_open(&s->a, r, &loop);
 	if (err != 0) {
 		free(s);

@@ -24,24 +24,26 @@
 
 #include <tokenbucket-redis.h>
 
+/* The adapter's own state and callbacks (tbr__libuv*): not part of the API. */
+
 /* One descriptor the client watches (one per server it talks to). */
-struct tokenbucket_redis_libuv_fd {
+struct tbr__libuv_fd {
 	uv_poll_t poll; /* first: the handle's address is this struct's */
-	struct tokenbucket_redis_libuv *s;
+	struct tbr__libuv *s;
 	int fd;
 };
 
-struct tokenbucket_redis_libuv {
+struct tbr__libuv {
 	uv_loop_t *loop;
 	struct tokenbucket_redis_async *a;
 	uv_timer_t timer; /* timer.data is this */
-	struct tokenbucket_redis_libuv_fd **fds;
+	struct tbr__libuv_fd **fds;
 	size_t nfds;
 };
 
-static void tokenbucket_redis_libuv_io(uv_poll_t *h, int status, int what)
+static void tbr__libuv_io(uv_poll_t *h, int status, int what)
 {
-	struct tokenbucket_redis_libuv_fd *f = (struct tokenbucket_redis_libuv_fd *)h->data;
+	struct tbr__libuv_fd *f = (struct tbr__libuv_fd *)h->data;
 	/* An error on the descriptor: let the library read it and find out. */
 	unsigned events = status < 0 ? (TOKENBUCKET_REDIS_READ | TOKENBUCKET_REDIS_WRITE)
 		: ((what & UV_READABLE) ? TOKENBUCKET_REDIS_READ : 0u) |
@@ -49,44 +51,44 @@ static void tokenbucket_redis_libuv_io(uv_poll_t *h, int status, int what)
 	tokenbucket_redis_async_ready(f->s->a, f->fd, events);
 }
 
-static void tokenbucket_redis_libuv_fire(uv_timer_t *t)
+static void tbr__libuv_fire(uv_timer_t *t)
 {
-	tokenbucket_redis_async_timeout(((struct tokenbucket_redis_libuv *)t->data)->a);
+	tokenbucket_redis_async_timeout(((struct tbr__libuv *)t->data)->a);
 }
 
-static void tokenbucket_redis_libuv_closed(uv_handle_t *h)
+static void tbr__libuv_closed(uv_handle_t *h)
 {
 	free(h->data);
 }
 
 /* Stops watching f (before the library closes its descriptor); freed once libuv lets go. */
-static void tokenbucket_redis_libuv_release(struct tokenbucket_redis_libuv_fd *f)
+static void tbr__libuv_release(struct tbr__libuv_fd *f)
 {
 	uv_poll_stop(&f->poll);
-	uv_close((uv_handle_t *)&f->poll, tokenbucket_redis_libuv_closed);
+	uv_close((uv_handle_t *)&f->poll, tbr__libuv_closed);
 }
 
-static void tokenbucket_redis_libuv_watch(void *p, int fd, unsigned events)
+static void tbr__libuv_watch(void *p, int fd, unsigned events)
 {
-	struct tokenbucket_redis_libuv *s = (struct tokenbucket_redis_libuv *)p;
+	struct tbr__libuv *s = (struct tbr__libuv *)p;
 	size_t i = 0;
 	while (i < s->nfds && s->fds[i]->fd != fd)
 		i++;
 	if (events == 0) {
 		if (i < s->nfds) {
-			tokenbucket_redis_libuv_release(s->fds[i]);
+			tbr__libuv_release(s->fds[i]);
 			s->fds[i] = s->fds[--s->nfds];
 		}
 		return;
 	}
 	if (i == s->nfds) {
-		struct tokenbucket_redis_libuv_fd **more =
-			(struct tokenbucket_redis_libuv_fd **)realloc(s->fds, (s->nfds + 1) * sizeof(*more));
+		struct tbr__libuv_fd **more =
+			(struct tbr__libuv_fd **)realloc(s->fds, (s->nfds + 1) * sizeof(*more));
 		if (more == NULL)
 			return; /* unwatched, its calls end at the command timeout */
 		s->fds = more;
-		struct tokenbucket_redis_libuv_fd *f =
-			(struct tokenbucket_redis_libuv_fd *)calloc(1, sizeof(*f));
+		struct tbr__libuv_fd *f =
+			(struct tbr__libuv_fd *)calloc(1, sizeof(*f));
 		if (f == NULL)
 			return;
 		if (uv_poll_init(s->loop, &f->poll, fd) != 0) {
@@ -100,31 +102,31 @@ static void tokenbucket_redis_libuv_watch(void *p, int fd, unsigned events)
 	}
 	int what = ((events & TOKENBUCKET_REDIS_READ) ? UV_READABLE : 0) |
 		   ((events & TOKENBUCKET_REDIS_WRITE) ? UV_WRITABLE : 0);
-	uv_poll_start(&s->fds[i]->poll, what, tokenbucket_redis_libuv_io);
+	uv_poll_start(&s->fds[i]->poll, what, tbr__libuv_io);
 }
 
-static void tokenbucket_redis_libuv_timer(void *p, int64_t ns)
+static void tbr__libuv_timer(void *p, int64_t ns)
 {
-	struct tokenbucket_redis_libuv *s = (struct tokenbucket_redis_libuv *)p;
+	struct tbr__libuv *s = (struct tbr__libuv *)p;
 	uv_timer_stop(&s->timer);
 	if (ns < 0)
 		return;
 	/* libuv counts milliseconds: rounded up, never early. */
-	uv_timer_start(&s->timer, tokenbucket_redis_libuv_fire, (uint64_t)((ns + 999999) / 1000000), 0);
+	uv_timer_start(&s->timer, tbr__libuv_fire, (uint64_t)((ns + 999999) / 1000000), 0);
 }
 
-static void tokenbucket_redis_libuv_timer_closed(uv_handle_t *h)
+static void tbr__libuv_timer_closed(uv_handle_t *h)
 {
 	free(h->data);
 }
 
-static void tokenbucket_redis_libuv_free(void *p)
+static void tbr__libuv_free(void *p)
 {
-	struct tokenbucket_redis_libuv *s = (struct tokenbucket_redis_libuv *)p;
+	struct tbr__libuv *s = (struct tbr__libuv *)p;
 	for (size_t i = 0; i < s->nfds; i++)
-		tokenbucket_redis_libuv_release(s->fds[i]);
+		tbr__libuv_release(s->fds[i]);
 	free(s->fds);
-	uv_close((uv_handle_t *)&s->timer, tokenbucket_redis_libuv_timer_closed);
+	uv_close((uv_handle_t *)&s->timer, tbr__libuv_timer_closed);
 }
 
 /*
@@ -137,18 +139,18 @@ static inline int tokenbucket_redis_libuv_open(struct tokenbucket_redis_async **
 {
 	if (ap == NULL || loop == NULL)
 		return -22; /* EINVAL, without <errno.h> in a header */
-	struct tokenbucket_redis_libuv *s = (struct tokenbucket_redis_libuv *)calloc(1, sizeof(*s));
+	struct tbr__libuv *s = (struct tbr__libuv *)calloc(1, sizeof(*s));
 	if (s == NULL)
 		return -12; /* ENOMEM */
 	s->loop = loop;
 	uv_timer_init(loop, &s->timer);
 	s->timer.data = s;
-	struct tokenbucket_redis_loop l = { s, tokenbucket_redis_libuv_watch,
-					    tokenbucket_redis_libuv_timer,
-					    tokenbucket_redis_libuv_free };
+	struct tokenbucket_redis_loop l = { s, tbr__libuv_watch,
+					    tbr__libuv_timer,
+					    tbr__libuv_free };
 	int err = tokenbucket_redis_async_open(&s->a, r, &l);
 	if (err != 0) {
-		uv_close((uv_handle_t *)&s->timer, tokenbucket_redis_libuv_timer_closed);
+		uv_close((uv_handle_t *)&s->timer, tbr__libuv_timer_closed);
 		return err;
 	}
 	*ap = s->a;

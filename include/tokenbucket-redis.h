@@ -128,6 +128,23 @@ TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, 
  */
 TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
 
+/*
+ * Which command decides (1.2).  Every connection asks its server once, when
+ * it is made, whether the native module is loaded (TOKENBUCKET.VERSION, a
+ * version this library speaks); with _AUTO (the default) its calls then go
+ * as TOKENBUCKET.CALL, otherwise as the script, and a server that unloads
+ * the module makes the connection go back to the script.  Both decide
+ * alike on the same stored value.  _NEVER always sends the script; _ALWAYS
+ * always sends TOKENBUCKET.CALL (a server without the module answers
+ * -EPROTO), for tests and benchmarks.  Applies to the calls started after
+ * it, of r and of the asynchronous clients and the pipelining made from r.
+ * 0, or -EINVAL.
+ */
+#define TOKENBUCKET_REDIS_MODULE_AUTO 0
+#define TOKENBUCKET_REDIS_MODULE_NEVER 1
+#define TOKENBUCKET_REDIS_MODULE_ALWAYS 2
+TOKENBUCKET_API int tokenbucket_redis_set_module(struct tokenbucket_redis *r, int mode);
+
 /* ---- Decisions ----------------------------------------------------------- */
 
 /*

@@ -11,7 +11,9 @@
  * would; with "async" one thread keeps INFLIGHT calls outstanding through
  * the asynchronous client on a libevent loop; with "piped" the threads
  * block as by default, their calls pipelined on one connection
- * (tokenbucket_redis_set_pipelining).  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
+ * (tokenbucket_redis_set_pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
+ * =module in the environment forces the script or the native module
+ * (tokenbucket_redis_set_module); by default the client detects it.  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
  * client from those seeds instead (threads only).  Prints "decisions/s
  * p50_us p99_us errors".
  */
@@ -252,6 +254,12 @@ int main(int argc, char **argv)
 	} else if (tokenbucket_redis_open(&r, argv[1], 1000000000, 1000000000) != 0) {
 		return 1;
 	}
+	/* TOKENBUCKET_REDIS_BENCH_MODULE=script|module forces one server side (tokenbucket_redis_set_module). */
+	const char *side = getenv("TOKENBUCKET_REDIS_BENCH_MODULE");
+	if (side != NULL && tokenbucket_redis_set_module(r, strcmp(side, "module") == 0
+							       ? TOKENBUCKET_REDIS_MODULE_ALWAYS
+							       : TOKENBUCKET_REDIS_MODULE_NEVER) != 0)
+		return 1;
 	if (piped && tokenbucket_redis_set_pipelining(r, 1) != 0)
 		return 1;
 	struct worker *w = calloc((size_t)inflight, sizeof(*w));

@@ -65,6 +65,7 @@ struct conn {
 	bool dying;            /* ac is being freed: send nothing more on it */
 	bool unreached;        /* ac never connected: its ops were never written */
 	bool loading;          /* a SCRIPT LOAD is on ac, its reply not read yet */
+	bool module;           /* ac's server has the module (TOKENBUCKET.VERSION) */
 	int drop_err;          /* the error of the ops on an ac we free, or 0 */
 };
 
@@ -83,6 +84,7 @@ struct op {
 	int64_t pause_until; /* not sent before this (0: no pause) */
 	struct tbr__node *ask; /* send there once, after ASKING */
 	bool asking;        /* sent after ASKING (NOSCRIPT sends it again so) */
+	bool module;        /* sent as TOKENBUCKET.CALL */
 	int redirects;
 	unsigned slot;
 };
@@ -95,6 +97,7 @@ struct tokenbucket_redis_async {
 	char *prefix;
 	size_t prefixlen;
 	struct tbr__fallback *fallback; /* or NULL */
+	const _Atomic int *module;     /* TOKENBUCKET_REDIS_MODULE_*, or NULL: _AUTO */
 	struct conn **conns;
 	size_t nconns;
 	struct op *head, *tail;
@@ -104,6 +107,7 @@ struct tokenbucket_redis_async {
 	int64_t refreshed_at;
 	int depth;
 	bool closing;
+	unsigned long completed; /* callbacks run: settle() sees a write's failure by it */
 };
 
 /* Binds o to connection c (NULL: waiting again), keeping the count of waiting ops. */
@@ -137,6 +141,19 @@ static void ev_cleanup(void *p)
 	want(c, 0, TOKENBUCKET_REDIS_READ | TOKENBUCKET_REDIS_WRITE);
 	c->ac = NULL;
 	c->ready = c->dying = c->loading = false;
+}
+
+/*
+ * Writes what hiredis has buffered for c's server (every call appended
+ * since the last write: hiredis writes its whole buffer at once) in the
+ * frame that appended it, rather than on the loop's next turn.  What would
+ * block waits for the loop.  The caller blocks SIGPIPE.
+ */
+static void conn_flush(struct conn *c)
+{
+	if (c->ac != NULL && !c->dying && (c->ac->c.flags & REDIS_CONNECTED) &&
+	    (c->want & TOKENBUCKET_REDIS_WRITE))
+		redisAsyncHandleWrite(c->ac); /* may free ac (ev_cleanup) */
 }
 
 /* Arms the timer for the earliest deadline or pause, or at once when ops have failed. */
@@ -194,6 +211,7 @@ static void complete(struct op *o, int err, struct tokenbucket_result *res,
 		err = tbr__fallback_apply(a->fallback, &o->call, err, res, rv);
 	bind_op(o, NULL);
 	a->nwaiting--; /* o leaves the list */
+	a->completed++;
 	unlink_op(a, o);
 	bool granted = err == 0 && o->call.op == TOKENBUCKET_REDIS_RESERVE;
 	o->done(o->arg, err, res, granted ? rv : NULL, tokens);
@@ -238,6 +256,12 @@ static bool starts(const redisReply *rep, const char *prefix)
 
 static void send_op(struct op *o, struct conn *c);
 
+static int module_mode(const struct tokenbucket_redis_async *a)
+{
+	return a->module != NULL ? atomic_load_explicit(a->module, memory_order_relaxed)
+				 : TOKENBUCKET_REDIS_MODULE_AUTO;
+}
+
 static void on_loaded(redisAsyncContext *ac, void *reply, void *privdata)
 {
 	struct conn *c = privdata;
@@ -278,6 +302,18 @@ static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
 	return false;
 }
 
+/* o, answered that it did not run on c, sent on c again (after ASKING if it was). */
+static void resend(struct op *o, struct conn *c)
+{
+	bind_op(o, NULL);
+	if (o->asking && redisAsyncCommand(c->ac, NULL, NULL, "ASKING") != REDIS_OK)
+		o->err = -ENOMEM;
+	else
+		send_op(o, c);
+	if (o->conn == NULL)
+		complete(o, o->err, NULL, NULL, 0);
+}
+
 static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 {
 	struct op *o = privdata;
@@ -299,6 +335,13 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 	struct tokenbucket_result res;
 	struct tokenbucket_reservation rv;
 	double tokens = 0;
+	if (o->module && !c->dying && tbr__unknown_command(reply) &&
+	    module_mode(o->a) == TOKENBUCKET_REDIS_MODULE_AUTO) {
+		/* The module was unloaded: the call did not run; the script from now on. */
+		c->module = false;
+		resend(o, c);
+		return;
+	}
 	int err = tbr__decode(&o->call, reply, &res, &rv, &tokens);
 	if (err == -ENOEXEC && !(o->call.flags & TOKENBUCKET_REDIS_EVAL) && !c->dying) {
 		/*
@@ -315,13 +358,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 			c->loading = true;
 		}
 		o->retried = true;
-		bind_op(o, NULL);
-		if (o->asking && redisAsyncCommand(ac, NULL, NULL, "ASKING") != REDIS_OK)
-			o->err = -ENOMEM;
-		else
-			send_op(o, c);
-		if (o->conn == NULL)
-			complete(o, o->err, NULL, NULL, 0);
+		resend(o, c);
 		return;
 	}
 	if (redirected(o, c, reply))
@@ -335,9 +372,10 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 static void send_op(struct op *o, struct conn *c)
 {
 	struct tbr__args args;
-	int err = tbr__args(&o->call, &args);
-	if (err == 0 && redisAsyncCommandArgv(c->ac, on_reply, o, TBR__ARGC, args.argv, args.len) !=
-				REDIS_OK)
+	o->module = tbr__use_module(module_mode(o->a), c->module);
+	int err = tbr__args(&o->call, &args, o->module);
+	if (err == 0 && redisAsyncCommandArgv(c->ac, on_reply, o, args.argc, args.argv + args.first,
+					      args.len + args.first) != REDIS_OK)
 		err = -ENOMEM;
 	bind_op(o, err == 0 ? c : NULL);
 	o->err = err;
@@ -364,10 +402,20 @@ static struct conn *conn_of(struct tokenbucket_redis_async *a, struct tbr__node 
 }
 
 /*
- * Replies to the connection's setup.  SELECT is all there is today; what a
- * connection learns about its server once (a capability, say) is asked for
- * here too, and the calls wait until the answers are in.
+ * Replies to the connection's setup.  Whether the server has the module
+ * (any error means it has not): the calls sent before the answer go as
+ * the script, which decides alike, rather than wait a round trip.
  */
+static void on_probe(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	(void)ac;
+	if (reply != NULL)
+		c->module = tbr__module_speaks(reply);
+}
+
+/* SELECT, which the calls wait for. */
+
 static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 {
 	struct conn *c = privdata;
@@ -386,6 +434,14 @@ static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 	c->ready = true;
 }
 
+/* Where o goes now: an ASK target, its slot's primary, or the one server. */
+static struct tbr__node *target(struct tokenbucket_redis_async *a, const struct op *o)
+{
+	return o->ask != NULL ? o->ask
+	       : a->cluster != NULL ? tbr__cluster_route(a->cluster, o->slot)
+				    : a->node;
+}
+
 static void on_connect(const redisAsyncContext *ac, int status)
 {
 	struct conn *c = ac->data;
@@ -393,6 +449,24 @@ static void on_connect(const redisAsyncContext *ac, int status)
 		/* hiredis frees ac next, failing what was queued on it: none of it was written. */
 		c->dying = true;
 		c->unreached = true;
+		/*
+		 * The calls waiting for its setup were never queued on it: they
+		 * fail as those queued would (a cluster's wait for a pause and a
+		 * fresh map, a one-server client's fail now).
+		 */
+		struct tokenbucket_redis_async *a = c->a;
+		int err = conn_error(ac);
+		atomic_store_explicit(&c->node->failed_at, tokenbucket_now(), memory_order_relaxed);
+		for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
+			if (o->conn != NULL || o->err != 0 || target(a, o) != c->node)
+				continue;
+			if (a->cluster != NULL) {
+				tbr__cluster_set_stale(a->cluster);
+				again(o, err, true);
+			} else {
+				o->err = err;
+			}
+		}
 	}
 }
 
@@ -431,7 +505,9 @@ static int conn_open(struct conn *c)
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
 	/* The reply to SELECT comes first; meanwhile calls wait. */
 	c->ready = n->db == 0;
-	if (!c->ready && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK)
+	c->module = false;
+	if (redisAsyncCommandArgv(ac, on_probe, c, 1, (const char **)tbr__module_probe, NULL) != REDIS_OK ||
+	    (n->db != 0 && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK))
 		return -ENOMEM; /* ac stays: dropped with the ops' timeout */
 	/* Nothing is written before a command: watch for the connection to complete. */
 	want(c, TOKENBUCKET_REDIS_WRITE, 0);
@@ -492,10 +568,7 @@ static void send_waiting(struct tokenbucket_redis_async *a)
 	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
 		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
 			continue;
-		struct tbr__node *n = o->ask != NULL ? o->ask
-				      : a->cluster != NULL ? tbr__cluster_route(a->cluster, o->slot)
-							   : a->node;
-		struct conn *c = conn_of(a, n);
+		struct conn *c = conn_of(a, target(a, o));
 		if (c == NULL) {
 			o->err = -ENOMEM;
 			continue;
@@ -528,18 +601,26 @@ static void send_waiting(struct tokenbucket_redis_async *a)
 
 /*
  * After the library's work on the connections: completes the ops that
- * failed before they were sent, sends what waits, and arms the timer.
+ * failed before they were sent, sends what waits, writes what may go, and
+ * arms the timer.  The caller blocks SIGPIPE.
  */
 static void settle(struct tokenbucket_redis_async *a)
 {
-	for (struct op *o = a->nwaiting > 0 ? a->head : NULL, *next; o != NULL; o = next) {
-		next = o->next;
-		if (o->conn == NULL && o->err != 0)
-			complete(o, o->err, NULL, NULL, 0);
-	}
-	if (a->closing)
-		return;
-	send_waiting(a);
+	unsigned long seen;
+	do {
+		for (struct op *o = a->nwaiting > 0 ? a->head : NULL, *next; o != NULL; o = next) {
+			next = o->next;
+			if (o->conn == NULL && o->err != 0)
+				complete(o, o->err, NULL, NULL, 0);
+		}
+		if (a->closing)
+			return;
+		send_waiting(a);
+		seen = a->completed;
+		for (size_t i = 0; i < a->nconns; i++)
+			conn_flush(a->conns[i]);
+		/* A write that failed closed its connection and ran callbacks, which may start calls. */
+	} while (a->completed != seen);
 	arm(a);
 }
 
@@ -570,6 +651,7 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 	a->cluster = cfg->cluster;
 	a->timeout_ns = cfg->timeout_ns;
 	a->fallback = cfg->fallback;
+	a->module = cfg->module;
 	a->timer_ns = -1;
 	a->refreshed_at = INT64_MIN / 2;
 	*ap = a;
@@ -636,7 +718,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 		.limit = call->limit, .now = call->now, .n = call->n, .arg = call->arg,
 	};
 	struct tbr__args check;
-	err = tbr__args(&o->call, &check);
+	err = tbr__args(&o->call, &check, false);
 	if (err != 0) {
 		free(o->key);
 		free(o);
@@ -689,6 +771,8 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 {
 	if (a == NULL)
 		return;
+	struct tbr__sigpipe sp;
+	tbr__sigpipe_block(&sp);
 	a->depth++;
 	a->timer_ns = -1;
 	int64_t now = tokenbucket_now();
@@ -702,5 +786,20 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 				 NULL, NULL, 0);
 	}
 	settle(a);
+	tbr__sigpipe_restore(&sp);
+	leave(a);
+}
+
+void tbr__async_batch_begin(struct tokenbucket_redis_async *a)
+{
+	a->depth++;
+}
+
+void tbr__async_batch_end(struct tokenbucket_redis_async *a)
+{
+	struct tbr__sigpipe sp;
+	tbr__sigpipe_block(&sp);
+	settle(a);
+	tbr__sigpipe_restore(&sp);
 	leave(a);
 }

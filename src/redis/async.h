@@ -22,10 +22,20 @@ struct tbr__async_config {
 	const char *prefix;           /* put before every key (copied) */
 	size_t prefixlen;
 	struct tbr__fallback *fallback; /* decides for an unavailable server, or NULL */
+	const _Atomic int *module;    /* TOKENBUCKET_REDIS_MODULE_*, read for every call */
 };
 
 /* An engine for cfg, driven by loop (copied); -EINVAL, -ENOMEM. */
 int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async_config *cfg,
 		    const struct tokenbucket_redis_loop *loop);
+
+/*
+ * Calls started between the two (tokenbucket_redis_async_start) are
+ * appended only, and sent together by _end, which writes what may go at
+ * once rather than on the loop's next turn.  Callbacks may run in _end.
+ * For the I/O thread of bridge.c, which starts a queue of calls at a time.
+ */
+void tbr__async_batch_begin(struct tokenbucket_redis_async *a);
+void tbr__async_batch_end(struct tokenbucket_redis_async *a);
 
 #endif

@@ -114,6 +114,10 @@ static void take_queue(struct tbr__bridge *b)
 	struct breq *q = b->head;
 	b->head = b->tail = NULL;
 	pthread_mutex_unlock(&b->lock);
+	if (q == NULL)
+		return;
+	/* All appended, then written together (or held for the replies awaited). */
+	tbr__async_batch_begin(b->a);
 	while (q != NULL) {
 		struct breq *next = q->next;
 		int err = tokenbucket_redis_async_start(b->a, q->call, answered, q);
@@ -123,6 +127,7 @@ static void take_queue(struct tbr__bridge *b)
 		}
 		q = next;
 	}
+	tbr__async_batch_end(b->a);
 }
 
 static void *io_thread(void *arg)

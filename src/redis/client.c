@@ -27,6 +27,7 @@ struct tokenbucket_redis {
 	size_t prefixlen;
 	struct tbr__fallback fallback;
 	struct tbr__bridge *bridge; /* calls pipelined by an I/O thread, or NULL */
+	_Atomic int module;         /* TOKENBUCKET_REDIS_MODULE_*, read by every call */
 };
 
 static int64_t ns_or_default(int64_t ns)
@@ -78,8 +79,10 @@ int tokenbucket_redis_open_cluster(struct tokenbucket_redis **rp, const char *co
 	struct tokenbucket_redis *r = client_new(connect_timeout_ns, command_timeout_ns);
 	if (r == NULL)
 		return -ENOMEM;
-	return client_done(rp, r,
-			   tbr__cluster_open(&r->cluster, seeds, nseeds, r->connect_tv, r->command_ns));
+	int err = tbr__cluster_open(&r->cluster, seeds, nseeds, r->connect_tv, r->command_ns);
+	if (err == 0)
+		tbr__cluster_set_module(r->cluster, &r->module);
+	return client_done(rp, r, err);
 }
 
 void tokenbucket_redis_close(struct tokenbucket_redis *r)
@@ -137,7 +140,8 @@ static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *
 			return err;
 		redisReply *rep;
 		bool unsent;
-		err = tbr__conn_call(c, call, false, &rep, &unsent);
+		err = tbr__conn_call(c, call, false,
+				     atomic_load_explicit(&r->module, memory_order_relaxed), &rep, &unsent);
 		if (err != 0) {
 			/* The reply may still come: the connection cannot be reused. */
 			tbr__conn_drop(c);
@@ -355,6 +359,7 @@ static struct tbr__async_config engine_config(struct tokenbucket_redis *r, bool 
 		.prefix = with_prefix ? r->prefix : NULL,
 		.prefixlen = with_prefix ? r->prefixlen : 0,
 		.fallback = &r->fallback,
+		.module = &r->module,
 	};
 }
 
@@ -365,6 +370,14 @@ int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tok
 		return -EINVAL;
 	const struct tbr__async_config cfg = engine_config(r, true);
 	return tbr__async_open(ap, &cfg, loop);
+}
+
+int tokenbucket_redis_set_module(struct tokenbucket_redis *r, int mode)
+{
+	if (r == NULL || mode < TOKENBUCKET_REDIS_MODULE_AUTO || mode > TOKENBUCKET_REDIS_MODULE_ALWAYS)
+		return -EINVAL;
+	atomic_store_explicit(&r->module, mode, memory_order_relaxed);
+	return 0;
 }
 
 int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable)

@@ -49,7 +49,13 @@ struct tbr__cluster {
 	_Atomic bool stale;              /* the map may be wrong: refresh before the next call */
 	_Atomic int64_t refreshed_at;    /* tokenbucket_now() of the last refresh */
 	_Atomic unsigned turn;           /* rotates the node asked for the map */
+	const _Atomic int *module;       /* TOKENBUCKET_REDIS_MODULE_*, or NULL: _AUTO */
 };
+
+void tbr__cluster_set_module(struct tbr__cluster *cl, const _Atomic int *mode)
+{
+	cl->module = mode;
+}
 
 /* -ENOSPC when the node table is full, -ENOMEM otherwise: why intern() gave NULL. */
 static int intern_error(struct tbr__cluster *cl)
@@ -326,7 +332,7 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			  double *tokens, bool down_returns)
 {
 	struct tbr__args check;
-	int err = tbr__args(call, &check);
+	int err = tbr__args(call, &check, false);
 	if (err != 0)
 		return err;
 	const int64_t deadline = tokenbucket_now() + cl->timeout_ns;
@@ -354,7 +360,9 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		}
 		redisReply *rep;
 		bool unsent;
-		err = tbr__conn_call(c, call, ask != NULL, &rep, &unsent);
+		int mode = cl->module != NULL ? atomic_load_explicit(cl->module, memory_order_relaxed)
+					      : TOKENBUCKET_REDIS_MODULE_AUTO;
+		err = tbr__conn_call(c, call, ask != NULL, mode, &rep, &unsent);
 		if (err != 0) {
 			/* Its siblings may be dead too. */
 			tbr__conn_drop(c);

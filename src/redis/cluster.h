@@ -19,6 +19,8 @@ struct tbr__cluster;
 int tbr__cluster_open(struct tbr__cluster **cp, const char *const *seeds, size_t nseeds,
 		      struct timeval connect_tv, int64_t timeout_ns);
 void tbr__cluster_close(struct tbr__cluster *cl);
+/* Where the cluster reads TOKENBUCKET_REDIS_MODULE_* for every call (the client's setting). */
+void tbr__cluster_set_module(struct tbr__cluster *cl, const _Atomic int *mode);
 /*
  * call routed to the primary of its key's slot; the whole call within the
  * timeout.  With down_returns, a CLUSTERDOWN answer returns -EAGAIN at once

@@ -27,7 +27,7 @@ static void put_num(struct tbr__args *a, int i, int slot, bool is_signed, uint64
 	put(a, i, a->num[slot], (size_t)len);
 }
 
-int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a)
+int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bool module)
 {
 	if (call == NULL || a == NULL || (call->key == NULL && call->keylen > 0))
 		return -EINVAL;
@@ -41,14 +41,21 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a)
 		return -ERANGE;
 	if (call->op == TOKENBUCKET_REDIS_RESET && call->n > lim->burst)
 		return -EINVAL;
-	if (call->flags & TOKENBUCKET_REDIS_EVAL) {
+	a->first = 0;
+	if (module) {
+		/* The module takes the script's arguments after the key count. */
+		a->first = 2;
+		put(a, 2, "TOKENBUCKET.CALL", 16);
+	} else if (call->flags & TOKENBUCKET_REDIS_EVAL) {
 		put(a, 0, "EVAL", 4);
 		put(a, 1, tbr__script_text, strlen(tbr__script_text));
 	} else {
 		put(a, 0, "EVALSHA", 7);
 		put(a, 1, tbr__script_sha1, 40);
 	}
-	put(a, 2, "1", 1);
+	a->argc = TBR__ARGC - a->first;
+	if (!module)
+		put(a, 2, "1", 1);
 	put(a, 3, call->keylen > 0 ? call->key : "", call->keylen);
 	put(a, 4, op_names[call->op], strlen(op_names[call->op]));
 	if (call->flags & TOKENBUCKET_REDIS_AT)
@@ -69,6 +76,20 @@ static bool starts(const char *s, size_t len, const char *prefix)
 {
 	size_t n = strlen(prefix);
 	return len >= n && memcmp(s, prefix, n) == 0;
+}
+
+const char *const tbr__module_probe[1] = { "TOKENBUCKET.VERSION" };
+
+bool tbr__module_speaks(const redisReply *rep)
+{
+	/* Version 1.x: TOKENBUCKET.CALL as tokenbucket-redis-module(7) describes it. */
+	return rep != NULL && rep->type == REDIS_REPLY_STRING && starts(rep->str, rep->len, "1.");
+}
+
+bool tbr__unknown_command(const redisReply *rep)
+{
+	return rep != NULL && rep->type == REDIS_REPLY_ERROR &&
+	       starts(rep->str, rep->len, "ERR unknown command");
 }
 
 int tbr__error(const char *s, size_t len)
@@ -189,7 +210,7 @@ int tokenbucket_redis_format(const struct tokenbucket_redis_call *call, char **c
 	struct tbr__args a;
 	if (cmd == NULL || len == NULL)
 		return -EINVAL;
-	int err = tbr__args(call, &a);
+	int err = tbr__args(call, &a, false);
 	if (err != 0)
 		return err;
 	char *out = NULL;

@@ -7,6 +7,7 @@
 #ifndef TOKENBUCKET_REDIS_INTERNAL_H
 #define TOKENBUCKET_REDIS_INTERNAL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -18,16 +19,36 @@
 extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
 
-/* EVALSHA|EVAL sha|text 1 key op now tokens period burst n arg */
+/*
+ * EVALSHA|EVAL sha|text 1 key op now tokens period burst n arg, or for the
+ * native module (tokenbucket-redis-module(7)) from argv[2] on:
+ * TOKENBUCKET.CALL key op now tokens period burst n arg, with the same
+ * reply.  The command is argc words from argv + first.
+ */
 #define TBR__ARGC 11
 struct tbr__args {
 	const char *argv[TBR__ARGC];
 	size_t len[TBR__ARGC];
 	char num[6][24];
+	int first, argc;
 };
 
-/* Checks call and points args at its fields; -EINVAL/-ERANGE on bad input. */
-int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a);
+/* Checks call and points args at its fields (module: TOKENBUCKET.CALL); -EINVAL/-ERANGE on bad input. */
+int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bool module);
+
+/*
+ * Whether the server has the module, from its reply to TOKENBUCKET.VERSION
+ * (a version this client speaks), asked once per connection.
+ */
+extern const char *const tbr__module_probe[1];
+bool tbr__module_speaks(const redisReply *rep);
+/* An error reply saying the server has no such command (the module was unloaded). */
+bool tbr__unknown_command(const redisReply *rep);
+/* Whether a call goes to the module: mode (TOKENBUCKET_REDIS_MODULE_*) and what the connection found. */
+static inline bool tbr__use_module(int mode, bool found)
+{
+	return mode == TOKENBUCKET_REDIS_MODULE_ALWAYS || (mode == TOKENBUCKET_REDIS_MODULE_AUTO && found);
+}
 /* An error reply's errno: -ENOEXEC for NOSCRIPT, -EBADMSG for a value that is not a bucket. */
 int tbr__error(const char *str, size_t len);
 /* A whole reply to call: 0 or a negative errno, with the outputs filled. */

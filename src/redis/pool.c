@@ -198,7 +198,12 @@ static bool conn_spoiled(const struct tbr__conn *c)
 static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 {
 	redisReply *rep = NULL;
-	int err = 0;
+	/* Any error (unknown command, no permission) means no module here. */
+	int err = tbr__conn_command(c, 1, tbr__module_probe, &rep);
+	if (err != 0)
+		return err;
+	c->module = tbr__module_speaks(rep);
+	freeReplyObject(rep);
 	if (n->sentinel != NULL) {
 		/* What a sentinel named may have been demoted since: a replica refuses writes. */
 		static const char *const role[] = { "ROLE" };
@@ -331,16 +336,17 @@ static int conn_read(struct tbr__conn *c, redisReply **rep)
 }
 
 int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,
-		   redisReply **rep, bool *unsent)
+		   int mode, redisReply **rep, bool *unsent)
 {
 	struct tbr__args a;
 	*unsent = false;
-	int err = tbr__args(call, &a);
+	bool module = tbr__use_module(mode, c->module);
+	int err = tbr__args(call, &a, module);
 	if (err != 0)
 		return err;
 	*rep = NULL;
 	if ((asking && redisAppendCommand(c->c, "ASKING") != REDIS_OK) ||
-	    redisAppendCommandArgv(c->c, TBR__ARGC, a.argv, a.len) != REDIS_OK)
+	    redisAppendCommandArgv(c->c, a.argc, a.argv + a.first, a.len + a.first) != REDIS_OK)
 		return -ENOMEM;
 	/* A write that fails leaves the call incomplete at the server: it did not run. */
 	err = conn_flush(c);
@@ -355,7 +361,15 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 			return err;
 		freeReplyObject(ok); /* +OK; an error here shows in the call's own reply */
 	}
-	return conn_read(c, rep);
+	err = conn_read(c, rep);
+	if (err == 0 && module && mode == TOKENBUCKET_REDIS_MODULE_AUTO && tbr__unknown_command(*rep)) {
+		/* The module was unloaded: it did not run; the script from now on. */
+		freeReplyObject(*rep);
+		*rep = NULL;
+		c->module = false;
+		return tbr__conn_call(c, call, asking, mode, rep, unsent);
+	}
+	return err;
 }
 
 int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep)

@@ -26,6 +26,7 @@
 struct tbr__conn {
 	redisContext *c;
 	int64_t timeout_ns; /* the socket timeouts now set on c */
+	bool module;        /* its server has the module (until it answers otherwise) */
 	struct tbr__conn *next;
 };
 
@@ -71,14 +72,16 @@ int tbr__conn_timeout(struct tbr__conn *c, int64_t ns);
 int tbr__conn_error(const redisContext *c, int saved_errno);
 
 /*
- * Sends call on c (preceded by ASKING when asking) and reads its reply into
+ * Sends call on c (preceded by ASKING when asking; to the module or as the
+ * script by mode, TOKENBUCKET_REDIS_MODULE_*, and what c found; an unknown
+ * command under _AUTO sends it again as the script) and reads its reply into
  * *rep.  On failure, a negative errno, and *unsent is true when writing
  * failed: the server then never received the whole call, so it did not run
  * and may be sent again on another connection.  After a failure c cannot be
  * reused.
  */
 int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,
-		   redisReply **rep, bool *unsent);
+		   int mode, redisReply **rep, bool *unsent);
 /* One command of argc C strings (CLUSTER SLOTS, ...); its reply or a negative errno. */
 int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep);
 

@@ -22,6 +22,8 @@ extern struct tokenbucket_redis *cli;
 
 /* Starts srv and opens cli on its unix socket with a 500 ms command timeout. */
 void redis_setup(void);
+/* Starts srv loading the module at path, with more options (NULL-terminated, up to 13). */
+int redis_start_module(const char *path, const char *const *more);
 void redis_teardown(void);
 /* Adds a test case named name to s: each test gets its own server (setup). */
 void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,

@@ -28,23 +28,13 @@ static const char *sha;
 /* Starts srv loading the module, with more options (NULL-terminated). */
 static int start_with_module(const char *const *more)
 {
-	const char *extra[16] = { "--loadmodule", TOKENBUCKET_MODULE_PATH };
-	for (int i = 0; more != NULL && more[i] != NULL && i < 13; i++)
-		extra[2 + i] = more[i];
-	/* A sanitizer's runtime for an instrumented module in an uninstrumented
-	 * server (.ci/sanitize asan sets it); only the server gets it. */
-	const char *preload = getenv("TOKENBUCKET_MODULE_PRELOAD");
-	if (preload != NULL && *preload != '\0' && setenv("LD_PRELOAD", preload, 1) != 0)
-		return -1;
-	int started = server_start(&srv, extra);
-	if (preload != NULL && *preload != '\0')
-		unsetenv("LD_PRELOAD");
-	return started;
+	return redis_start_module(TOKENBUCKET_MODULE_PATH, more);
 }
 
 static void module_setup(void)
 {
-	ck_assert_int_eq(start_with_module(NULL), 0);
+	/* MODULE UNLOAD, for test_module_detected. */
+	ck_assert_int_eq(start_with_module((const char *const[]){ "--enable-module-command", "yes", NULL }), 0);
 	ck_assert_int_eq(tokenbucket_redis_open(&cli, srv.url, SEC, 500 * MS), 0);
 	tokenbucket_redis_script(&sha);
 }
@@ -523,6 +513,90 @@ START_TEST(test_module_aof)
 }
 END_TEST
 
+/* Calls of command (tokenbucket.call, evalsha, eval) the server counted. */
+static long long calls_of(const char *command)
+{
+	redisContext *c = redisConnect("127.0.0.1", srv.port);
+	ck_assert(c != NULL && !c->err);
+	redisReply *r = redisCommand(c, "INFO commandstats");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	char name[64];
+	snprintf(name, sizeof(name), "cmdstat_%s:calls=", command);
+	const char *at = strstr(r->str, name);
+	long long n = at != NULL ? atoll(at + strlen(name)) : 0;
+	freeReplyObject(r);
+	redisFree(c);
+	return n;
+}
+
+/* n allow calls on key through r, burst 3: the first 3 granted, the rest refused. */
+static void allow_burst(struct tokenbucket_redis *r, const char *key, int n)
+{
+	static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
+	for (int i = 0; i < n; i++) {
+		struct tokenbucket_result res;
+		ck_assert_int_eq(tokenbucket_redis_allow(r, key, strlen(key), &lim, 1, &res), 0);
+		ck_assert_int_eq(res.allowed, i < 3);
+	}
+}
+
+/*
+ * The client asks each connection's server for the module and sends its
+ * calls there; _NEVER sends the script; after MODULE UNLOAD the calls go
+ * back to the script, with nothing lost; _ALWAYS on a server without it
+ * is the server's error.  One key goes through every path: one bucket.
+ */
+START_TEST(test_module_detected)
+{
+	for (int piped = 0; piped < 2; piped++) {
+		ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, piped), 0);
+		char key[16];
+		snprintf(key, sizeof(key), "d%d", piped);
+		/* A new pipelined connection sends the script until the server has answered. */
+		allow_burst(cli, "warm", 1);
+		ck_assert_int_eq(server_cmd(&srv, "CONFIG RESETSTAT"), REDIS_REPLY_STATUS);
+		allow_burst(cli, key, 2);
+		ck_assert_int_eq(calls_of("tokenbucket.call"), 2);
+		ck_assert_int_eq(calls_of("evalsha") + calls_of("eval"), 0);
+		ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_NEVER), 0);
+		struct tokenbucket_result res;
+		static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
+		ck_assert_int_eq(tokenbucket_redis_allow(cli, key, strlen(key), &lim, 1, &res), 0);
+		ck_assert(res.allowed); /* the third token: the module's writes read by the script */
+		ck_assert_int_eq(tokenbucket_redis_allow(cli, key, strlen(key), &lim, 1, &res), 0);
+		ck_assert(!res.allowed);
+		ck_assert_int_eq(calls_of("tokenbucket.call"), 2);
+		ck_assert_int_ge(calls_of("evalsha") + calls_of("eval"), 2);
+		ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_AUTO), 0);
+	}
+	ck_assert_int_eq(tokenbucket_redis_set_module(cli, 3), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_module(cli, -1), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_module(NULL, 0), -EINVAL);
+
+	/* Unloaded under the pooled (and the pipelined) connection: the script takes over. */
+	allow_burst(cli, "u", 1);
+	ck_assert_int_eq(server_cmd(&srv, "MODULE UNLOAD tokenbucket"), REDIS_REPLY_STATUS);
+	ck_assert_int_eq(server_cmd(&srv, "CONFIG RESETSTAT"), REDIS_REPLY_STATUS);
+	static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
+	struct tokenbucket_result res;
+	for (int i = 1; i < 4; i++) {
+		ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), 0);
+		ck_assert_int_eq(res.allowed, i < 3);
+	}
+	ck_assert_int_ge(calls_of("evalsha") + calls_of("eval"), 3);
+	/* The pooled blocking connections found the module too. */
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, 0), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_int_eq(calls_of("tokenbucket.call"), 0);
+	/* Forced onto a server without it: the server's error, nothing decided. */
+	ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_ALWAYS), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), -EPROTO);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), -EPROTO);
+}
+END_TEST
+
 Suite *redis_module_suite(void)
 {
 	Suite *s = suite_create("redis-module");
@@ -530,6 +604,6 @@ Suite *redis_module_suite(void)
 		    (const TTest *const[]){ test_module_version, test_module_differential,
 					    test_module_hostile, test_module_arguments,
 					    test_module_server_clock, test_module_replica,
-					    test_module_aof, NULL });
+					    test_module_aof, test_module_detected, NULL });
 	return s;
 }
