@@ -50,6 +50,7 @@ Suite *redis_concurrency_suite(void);
 Suite *redis_expiry_suite(void);
 Suite *redis_badinput_suite(void);
 Suite *redis_api_suite(void);
+Suite *redis_lease_suite(void);
 Suite *redis_module_suite(void);
 
 #endif

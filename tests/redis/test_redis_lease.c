@@ -1,0 +1,405 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Leases against a real server: the give-back is exact, a quiet key gives
+ * its tokens back, and a fleet of 4 processes x 4 threads on one hot key
+ * at 10^6 tokens/s keeps the limit (docs/leases.md) through a SIGKILL and
+ * a Redis restart.
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "check_redis.h"
+
+#define PROCS 4
+#define THREADS 4
+
+/* The server's clock (TIME) in ns. */
+static int64_t server_now(void)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	redisReply *rep = redisCommand(c, "TIME");
+	ck_assert(rep != NULL && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2);
+	int64_t t = atoll(rep->element[0]->str) * SEC + atoll(rep->element[1]->str) * 1000;
+	freeReplyObject(rep);
+	redisFree(c);
+	return t;
+}
+
+static void sleep_ns(int64_t ns)
+{
+	struct timespec ts = { .tv_sec = ns / SEC, .tv_nsec = ns % SEC };
+	while (nanosleep(&ts, &ts) != 0)
+		;
+}
+
+/* Waits (at most 10 s) until the lease holds at least one token. */
+static void await_tokens(struct tokenbucket_redis_lease *l)
+{
+	uint64_t h = 0;
+	for (int i = 0; i < 1000 && h == 0; i++) {
+		tokenbucket_redis_lease_tokens(l, &h);
+		if (h == 0)
+			sleep_ns(10 * MS);
+	}
+	ck_assert_uint_gt(h, 0);
+}
+
+START_TEST(test_refund_op)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 100 };
+	struct tokenbucket_result res;
+	double v = 0;
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), &lim, 30, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("r"), &lim, 20), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), &lim, &v, NULL), 0);
+	ck_assert(v == 90);
+	/* Never above the burst; more than a burst is refused, unchanged. */
+	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("r"), &lim, 100), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), &lim, &v, NULL), 0);
+	ck_assert(v == 100);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), &lim, 100, &res), 0);
+	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("r"), &lim, 101), -E2BIG);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), &lim, &v, NULL), 0);
+	ck_assert(v == 0);
+	/* In debt, a give-back pays the debt first. */
+	struct tokenbucket_reservation rv;
+	const struct tokenbucket_redis_limit slow = { .tokens = 1, .period_ns = 1000 * SEC,
+						      .burst = 10 };
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("d"), &slow, SEC, 10, TOKENBUCKET_NEVER,
+						      &rv, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("d"), &slow, SEC, 4, TOKENBUCKET_NEVER,
+						      &rv, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_refund_at(cli, KEY("d"), &slow, SEC, 6), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("d"), &slow, SEC, &v, NULL), 0);
+	ck_assert(v == 2);
+	ck_assert_int_eq(tokenbucket_redis_refund_at(cli, NULL, 1, &slow, SEC, 1), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("d"), NULL, 1), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_open_refuses)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
+	struct tokenbucket_redis_lease *l = NULL;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(NULL, cli, KEY("k"), &lim, 0.5, SEC), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, NULL, KEY("k"), &lim, 0.5, SEC), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, NULL, 1, &lim, 0.5, SEC), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), NULL, 0.5, SEC), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &lim, 0, SEC), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &lim, 1.5, SEC), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &lim, 0.0 / 0.0, SEC),
+			 -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &lim, 0.5, 0), -EINVAL);
+	/* A window in which the rate makes no token: no lease. */
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &lim, 0.5, 1000), -EINVAL);
+	const struct tokenbucket_redis_limit big = { .tokens = 1, .period_ns = 1,
+						     .burst = TOKENBUCKET_BURST_MAX + 1 };
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &big, 0.5, SEC), -ERANGE);
+	ck_assert_ptr_null(l);
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(NULL, 1, NULL), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(NULL), 0);
+}
+END_TEST
+
+/* Rate 0, so that the shared bucket's level says exactly what came back. */
+START_TEST(test_close_gives_back)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("g"), &lim, 0.5, SEC), 0);
+	await_tokens(l);
+	long granted = 0;
+	struct tokenbucket_result res;
+	for (int i = 0; i < 37; i++) {
+		ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1, &res), 0);
+		granted += res.allowed;
+	}
+	ck_assert_int_gt(granted, 0);
+	/* More than a lease holds goes to Redis: 600 > cap 500. */
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 600, &res), 0);
+	long big = res.allowed ? 600 : 0;
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	double v = 0;
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("g"), &lim, &v, NULL), 0);
+	ck_assert_msg(v == 1000 - granted - big, "level %.17g after %ld + %ld granted", v, granted,
+		      big);
+}
+END_TEST
+
+START_TEST(test_quiet_gives_back)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("q"), &lim, 0.5, 50 * MS), 0);
+	await_tokens(l);
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1, &res), 0);
+	long granted = res.allowed;
+	/* Within two windows of the last call (generous: 10 s) all else is back. */
+	double v = 0;
+	for (int i = 0; i < 1000; i++) {
+		ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("q"), &lim, &v, NULL), 0);
+		if (v == 1000 - granted)
+			break;
+		sleep_ns(10 * MS);
+	}
+	ck_assert_msg(v == 1000 - granted, "level %.17g, %ld granted", v, granted);
+	uint64_t h = 1;
+	ck_assert_int_eq(tokenbucket_redis_lease_tokens(l, &h), 0);
+	ck_assert_uint_eq(h, 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("q"), &lim, &v, NULL), 0);
+	ck_assert(v == 1000 - granted);
+}
+END_TEST
+
+/* ---- The fleet ------------------------------------------------------------ */
+
+/* 10^6 tokens per second; slower under a sanitizer (CK_TIMEOUT_MULTIPLIER). */
+static struct tokenbucket_redis_limit fleet_limit(void)
+{
+	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
+	bool slow = mult != NULL && atof(mult) > 1;
+	return (struct tokenbucket_redis_limit){ .tokens = 1, .period_ns = slow ? 10000 : 1000,
+						 .burst = slow ? 2000 : 20000 };
+}
+#define SHARE 0.25
+#define WINDOW (5 * MS)
+
+/* One process's counts, in shared memory so that a killed one's show. */
+struct tally {
+	atomic_long granted; /* within [start, until) */
+	atomic_long late;    /* within [late_from, until) */
+	atomic_long errors;
+};
+
+struct plan {
+	int64_t start, until, late_from; /* tokenbucket_now() */
+};
+
+struct worker {
+	struct tokenbucket_redis_lease *l;
+	const struct plan *p;
+	struct tally *t;
+};
+
+static void *work(void *arg)
+{
+	struct worker *w = arg;
+	long g = 0, late = 0, e = 0;
+	for (;;) {
+		int64_t now = tokenbucket_now();
+		if (now >= w->p->until)
+			break;
+		struct tokenbucket_result res;
+		if (tokenbucket_redis_lease_allow(w->l, 1, &res) != 0) {
+			e++;
+			continue;
+		}
+		if (!res.allowed) {
+			/* Refused: let the lease's thread and the server run. */
+			sched_yield();
+			continue;
+		}
+		if (now >= w->p->start) {
+			g++;
+			late += now >= w->p->late_from;
+		}
+		if ((g & 1023) == 0 && g > 0) {
+			atomic_fetch_add(&w->t->granted, g);
+			atomic_fetch_add(&w->t->late, late);
+			g = late = 0;
+		}
+	}
+	atomic_fetch_add(&w->t->granted, g);
+	atomic_fetch_add(&w->t->late, late);
+	atomic_fetch_add(&w->t->errors, e);
+	return NULL;
+}
+
+static void process(const struct tokenbucket_redis_limit *lim, const struct plan *p,
+		    struct tally *t)
+{
+	struct tokenbucket_redis *r;
+	struct tokenbucket_redis_lease *l;
+	if (tokenbucket_redis_open(&r, srv.url, SEC, SEC) != 0 ||
+	    tokenbucket_redis_lease_open(&l, r, KEY("hot"), lim, SHARE, WINDOW) != 0)
+		_exit(2);
+	while (tokenbucket_now() < p->start)
+		sleep_ns(MS);
+	struct worker w = { .l = l, .p = p, .t = t };
+	pthread_t th[THREADS];
+	for (int i = 0; i < THREADS; i++)
+		if (pthread_create(&th[i], NULL, work, &w) != 0)
+			_exit(3);
+	for (int i = 0; i < THREADS; i++)
+		pthread_join(th[i], NULL);
+	int err = tokenbucket_redis_lease_close(l);
+	tokenbucket_redis_close(r);
+	_exit(err == 0 ? 0 : 4);
+}
+
+enum fault { NONE, KILL, RESTART };
+
+struct fleet {
+	struct tally *t; /* PROCS of them, shared */
+	struct plan p;
+	int64_t server_elapsed;
+	uint64_t cap;
+	double rate; /* tokens per ns */
+};
+
+static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
+{
+	const struct tokenbucket_redis_limit lim = fleet_limit();
+	f->rate = 1.0 / (double)lim.period_ns;
+	f->cap = (uint64_t)(SHARE * (double)lim.burst);
+	if ((double)f->cap > f->rate * (double)WINDOW)
+		f->cap = (uint64_t)(f->rate * (double)WINDOW);
+	f->t = mmap(NULL, PROCS * sizeof(struct tally), PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne(f->t, MAP_FAILED);
+	memset(f->t, 0, PROCS * sizeof(struct tally));
+	/* Leases open in the first 300 ms (long under a sanitizer); then the run. */
+	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
+	int64_t lead = mult != NULL && atof(mult) > 1 ? SEC : 300 * MS;
+	f->p.start = tokenbucket_now() + lead;
+	f->p.until = f->p.start + run_ns;
+	f->p.late_from = f->p.start + run_ns / 2;
+	int64_t t0 = server_now();
+	pid_t pids[PROCS];
+	for (int i = 0; i < PROCS; i++) {
+		pids[i] = fork();
+		ck_assert_int_ge(pids[i], 0);
+		if (pids[i] == 0) {
+			tokenbucket_redis_close(cli);
+			cli = NULL;
+			process(&lim, &f->p, &f->t[i]);
+		}
+	}
+	if (fault != NONE) {
+		/* A third of the way in: process PROCS - 1 dies holding its lease,
+		 * or the server loses everything. */
+		while (tokenbucket_now() < f->p.start + run_ns / 3)
+			sleep_ns(MS);
+		if (fault == KILL) {
+			ck_assert_int_eq(kill(pids[PROCS - 1], SIGKILL), 0);
+		} else {
+			ck_assert_int_eq(server_restart(&srv), 0);
+			t0 = server_now(); /* a new bucket: the bound starts again */
+		}
+	}
+	for (int i = 0; i < PROCS; i++) {
+		int status;
+		ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+		if (fault == KILL && i == PROCS - 1)
+			ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+		else
+			ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+				      "process %d: status %d", i, status);
+	}
+	f->server_elapsed = server_now() - t0;
+}
+
+static long total(const struct fleet *f, int procs)
+{
+	long s = 0;
+	for (int i = 0; i < procs; i++)
+		s += atomic_load(&f->t[i].granted);
+	return s;
+}
+
+START_TEST(test_fleet)
+{
+	struct fleet f;
+	const int64_t run_ns = 1500 * MS;
+	run_fleet(&f, NONE, run_ns);
+	const struct tokenbucket_redis_limit lim = fleet_limit();
+	long sum = total(&f, PROCS);
+	double bound = (double)lim.burst + f.rate * (double)f.server_elapsed;
+	double made = f.rate * (double)run_ns;
+	long least = sum;
+	for (int i = 0; i < PROCS; i++)
+		if (atomic_load(&f.t[i].granted) < least)
+			least = atomic_load(&f.t[i].granted);
+	printf("redis lease fleet: %d x %d threads, %.0f tokens/s: %ld granted in %.3f s "
+	       "(%.4f of rate x run), bound %.0f (%.4f used), least process %.3f of 1/%d\n",
+	       PROCS, THREADS, f.rate * 1e9, sum, (double)run_ns / 1e9, (double)sum / made, bound,
+	       (double)sum / bound, (double)least * PROCS / (double)sum, PROCS);
+	ck_assert_msg((double)sum <= bound, "granted %ld > bound %.0f", sum, bound);
+	ck_assert_msg((double)sum >= 0.95 * made, "granted %ld < 95%% of %.0f", sum, made);
+	/* Fairness: each process at least half of an equal share. */
+	ck_assert_msg((double)least >= 0.5 * (double)sum / PROCS, "least process %ld of %ld", least,
+		      sum);
+}
+END_TEST
+
+START_TEST(test_fleet_kill)
+{
+	struct fleet f;
+	const int64_t run_ns = 1500 * MS;
+	run_fleet(&f, KILL, run_ns);
+	const struct tokenbucket_redis_limit lim = fleet_limit();
+	/* What the killed process granted is counted up to 1024 per thread short. */
+	long sum = total(&f, PROCS);
+	double bound = (double)lim.burst + f.rate * (double)f.server_elapsed;
+	ck_assert_msg((double)sum <= bound, "granted %ld > bound %.0f", sum, bound);
+	/* After the kill (a third in) the survivors get the whole rate back:
+	 * in the second half, 95% of it, less the killed lease's 2 cap. */
+	long late = 0;
+	for (int i = 0; i < PROCS - 1; i++)
+		late += atomic_load(&f.t[i].late);
+	double made = f.rate * (double)(run_ns / 2);
+	printf("redis lease kill: survivors granted %ld in the second half, %.4f of rate x time; "
+	       "lost at most 2 cap = %" PRIu64 "\n", late, (double)late / made, 2 * f.cap);
+	ck_assert_msg((double)late >= 0.95 * made - 2.0 * (double)f.cap, "survivors %ld of %.0f",
+		      late, made);
+}
+END_TEST
+
+START_TEST(test_fleet_restart)
+{
+	struct fleet f;
+	const int64_t run_ns = 1500 * MS;
+	run_fleet(&f, RESTART, run_ns);
+	const struct tokenbucket_redis_limit lim = fleet_limit();
+	long late = 0;
+	for (int i = 0; i < PROCS; i++) {
+		/* Every process leases again from the new server. */
+		ck_assert_int_gt(atomic_load(&f.t[i].late), 0);
+		late += atomic_load(&f.t[i].late);
+	}
+	/* From the restart on, the new bucket's bound holds alone (tokens
+	 * leased from the old server and given back to the new one are capped
+	 * by its burst): the second half is within it. */
+	double bound = (double)lim.burst + f.rate * (double)f.server_elapsed;
+	double made = f.rate * (double)(run_ns / 2);
+	printf("redis lease restart: %ld granted in the second half (%.4f of rate x time), "
+	       "bound since the restart %.0f\n", late, (double)late / made, bound);
+	ck_assert_msg((double)late <= bound + 2.0 * PROCS * (double)f.cap, "granted %ld > %.0f",
+		      late, bound);
+	ck_assert_msg((double)late >= 0.95 * made, "granted %ld < 95%% of %.0f", late, made);
+}
+END_TEST
+
+Suite *redis_lease_suite(void)
+{
+	Suite *s = suite_create("redis-lease");
+	redis_tcase(s, "give-back", redis_setup, 30,
+		    (const TTest *const[]){ test_refund_op, test_open_refuses, test_close_gives_back,
+					    test_quiet_gives_back, NULL });
+	redis_tcase(s, "fleet", redis_setup, 60,
+		    (const TTest *const[]){ test_fleet, test_fleet_kill, test_fleet_restart, NULL });
+	return s;
+}
