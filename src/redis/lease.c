@@ -81,10 +81,11 @@ static void nap(struct tokenbucket_redis_lease *l, int64_t ns)
 
 /*
  * Takes every token held locally and gives it back to the shared bucket.
- * A give-back that fails keeps them here (quiet) or loses them (close):
- * lost tokens are granted to no one, which costs others, never the limit.
+ * A give-back that fails loses them: it may have been applied (a timeout
+ * after the server ran it), so keeping them could count them twice.  Lost
+ * tokens are granted to no one, which costs others, never the limit.
  */
-static int give_back(struct tokenbucket_redis_lease *l, bool keep_on_error)
+static int give_back(struct tokenbucket_redis_lease *l)
 {
 	for (;;) {
 		uint64_t h = held(l);
@@ -92,10 +93,7 @@ static int give_back(struct tokenbucket_redis_lease *l, bool keep_on_error)
 			return 0;
 		if (!tokenbucket_allow_at(l->local, 0, h))
 			continue; /* a caller took some meanwhile */
-		int err = tokenbucket_redis_refund(l->r, l->key, l->keylen, &l->lim, h);
-		if (err != 0 && keep_on_error)
-			tokenbucket_refund(l->local, h);
-		return err;
+		return tokenbucket_redis_refund(l->r, l->key, l->keylen, &l->lim, h);
 	}
 }
 
@@ -185,7 +183,7 @@ static void *run(void *arg)
 		 * back and the next lease starts small. */
 		if (!atomic_exchange_explicit(&l->busy, false, memory_order_relaxed) && held(l) > 0) {
 			pthread_mutex_unlock(&l->mu);
-			give_back(l, true);
+			give_back(l);
 			l->chunk = l->floor;
 			l->last_refill = 0;
 			atomic_store_explicit(&l->low, l->chunk / 2 + 1, memory_order_relaxed);
@@ -318,7 +316,7 @@ int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease *l)
 	pthread_cond_signal(&l->cv);
 	pthread_mutex_unlock(&l->mu);
 	pthread_join(l->thread, NULL);
-	int err = give_back(l, false);
+	int err = give_back(l);
 	pthread_cond_destroy(&l->cv);
 	pthread_mutex_destroy(&l->mu);
 	tokenbucket_free(l->local);
