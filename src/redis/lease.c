@@ -52,6 +52,7 @@ struct tokenbucket_redis_lease {
 	/* The thread's own. */
 	uint64_t chunk;
 	int64_t last_refill;
+	int64_t next_refill; /* mono_ns: not before, after a contended one */
 };
 
 static int64_t mono_ns(void)
@@ -101,6 +102,15 @@ static int give_back(struct tokenbucket_redis_lease *l)
 static void refill(struct tokenbucket_redis_lease *l)
 {
 	int64_t t0 = mono_ns();
+	if (t0 < l->next_refill) {
+		pthread_mutex_lock(&l->mu);
+		if (!l->stop)
+			nap(l, l->next_refill - t0);
+		pthread_mutex_unlock(&l->mu);
+		t0 = mono_ns();
+		if (t0 < l->next_refill)
+			return; /* woken to stop, or early: the loop comes back */
+	}
 	/* The chunk follows the client's own demand d: used up within a
 	 * window (d above chunk / window), or a caller refused, it doubles up
 	 * to cap; lasting two windows, it halves.  So it settles between d
@@ -122,7 +132,8 @@ static void refill(struct tokenbucket_redis_lease *l)
 	}
 	struct tokenbucket_result res;
 	int err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
-	if (err == 0 && !res.allowed && res.remaining > 0) {
+	bool contended = err == 0 && !res.allowed;
+	if (contended && res.remaining > 0) {
 		/* Fewer than a chunk there: take what is, in a second try. */
 		want = res.remaining < want ? res.remaining : want;
 		err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
@@ -143,17 +154,22 @@ static void refill(struct tokenbucket_redis_lease *l)
 		pthread_mutex_unlock(&l->mu);
 		return;
 	}
+	if (contended) {
+		/* A contended key: this client's next refill waits its turn
+		 * (below), whether it took something now or not. */
+		l->next_refill = t1 + l->window_ns / 4;
+	}
 	if (!res.allowed) {
-		/* The shared bucket is empty: nothing to take until the rate
-		 * makes a chunk; callers are told so. */
-		int64_t w = res.retry_after_ns;
-		if (w > l->window_ns || w < 0)
-			w = l->window_ns;
-		atomic_store_explicit(&l->retry_ns, w, memory_order_relaxed);
-		pthread_mutex_lock(&l->mu);
-		if (!l->stop)
-			nap(l, w);
-		pthread_mutex_unlock(&l->mu);
+		/* The shared bucket is empty.  Waiting for a whole chunk would
+		 * let whoever wakes first take all of it, every time, and a
+		 * wait that depends on the chunk lets the smallest chunk poll
+		 * fastest.  Every contending client polls every quarter
+		 * window instead and takes what is there: equal periods, so
+		 * equal shares on average, at 4 polls a window each.  Nothing
+		 * waits in the shared bucket longer than that, so nothing
+		 * overflows its burst as long as the rate makes less than a
+		 * burst in a quarter window (docs/leases.md). */
+		atomic_store_explicit(&l->retry_ns, l->next_refill - t1, memory_order_relaxed);
 		return;
 	}
 	/* Clear the request before the tokens land, so that a caller who

@@ -31,17 +31,29 @@
 #define PROCS 4
 #define THREADS 4
 
-/* The server's clock (TIME) in ns. */
+/*
+ * The servers' clock (TIME is the realtime clock, and every server runs
+ * here), widened by a microsecond each way for TIME's truncation: t0 before
+ * any call, t1 after every one.
+ */
 static int64_t server_now(void)
 {
-	redisContext *c = server_admin(&srv);
-	ck_assert_ptr_nonnull(c);
-	redisReply *rep = redisCommand(c, "TIME");
-	ck_assert(rep != NULL && rep->type == REDIS_REPLY_ARRAY && rep->elements == 2);
-	int64_t t = atoll(rep->element[0]->str) * SEC + atoll(rep->element[1]->str) * 1000;
-	freeReplyObject(rep);
-	redisFree(c);
-	return t;
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * SEC + ts.tv_nsec;
+}
+#define T0() (server_now() - 1000)
+#define T1() (server_now() + 1000)
+
+/* The fleet's clients go to srv, or to a cluster (lease_fleet). */
+static const char *const *fleet_seeds;
+static size_t fleet_nseeds;
+
+static int fleet_client(struct tokenbucket_redis **r)
+{
+	if (fleet_nseeds > 0)
+		return tokenbucket_redis_open_cluster(r, fleet_seeds, fleet_nseeds, SEC, SEC);
+	return tokenbucket_redis_open(r, srv.url, SEC, SEC);
 }
 
 static void sleep_ns(int64_t ns)
@@ -181,7 +193,7 @@ static struct tokenbucket_redis_limit fleet_limit(void)
 	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
 	bool slow = mult != NULL && atof(mult) > 1;
 	return (struct tokenbucket_redis_limit){ .tokens = 1, .period_ns = slow ? 10000 : 1000,
-						 .burst = slow ? 2000 : 20000 };
+						 .burst = slow ? 10000 : 100000 };
 }
 #define SHARE 0.25
 #define WINDOW (5 * MS)
@@ -242,7 +254,7 @@ static void process(const struct tokenbucket_redis_limit *lim, const struct plan
 {
 	struct tokenbucket_redis *r;
 	struct tokenbucket_redis_lease *l;
-	if (tokenbucket_redis_open(&r, srv.url, SEC, SEC) != 0 ||
+	if (fleet_client(&r) != 0 ||
 	    tokenbucket_redis_lease_open(&l, r, KEY("hot"), lim, SHARE, WINDOW) != 0)
 		_exit(2);
 	while (tokenbucket_now() < p->start)
@@ -299,7 +311,7 @@ static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
 	f->p.start = tokenbucket_now() + lead;
 	f->p.until = f->p.start + run_ns;
 	f->p.late_from = f->p.start + run_ns / 2;
-	int64_t t0 = server_now();
+	int64_t t0 = T0();
 	pid_t pids[PROCS];
 	for (int i = 0; i < PROCS; i++) {
 		pids[i] = fork();
@@ -319,7 +331,7 @@ static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
 			ck_assert_int_eq(kill(pids[PROCS - 1], SIGKILL), 0);
 		} else {
 			ck_assert_int_eq(server_restart(&srv), 0);
-			t0 = server_now(); /* a new bucket: the bound starts again */
+			t0 = T0(); /* a new bucket: the bound starts again */
 		}
 	}
 	for (int i = 0; i < PROCS; i++) {
@@ -331,7 +343,7 @@ static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
 			ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
 				      "process %d: status %d", i, status);
 	}
-	f->server_elapsed = server_now() - t0;
+	f->server_elapsed = T1() - t0;
 }
 
 static long total(const struct fleet *f, int procs)
@@ -342,8 +354,10 @@ static long total(const struct fleet *f, int procs)
 	return s;
 }
 
-START_TEST(test_fleet)
+void lease_fleet(const char *const *seeds, size_t nseeds)
 {
+	fleet_seeds = seeds;
+	fleet_nseeds = nseeds;
 	if (fleet_skipped())
 		return;
 	struct fleet f;
@@ -357,15 +371,36 @@ START_TEST(test_fleet)
 	for (int i = 0; i < PROCS; i++)
 		if (atomic_load(&f.t[i].granted) < least)
 			least = atomic_load(&f.t[i].granted);
-	printf("redis lease fleet: %d x %d threads, %.0f tokens/s: %ld granted in %.3f s "
+	printf("%s lease fleet: %d x %d threads, %.0f tokens/s: %ld granted in %.3f s "
 	       "(%.4f of rate x run), bound %.0f (%.4f used), least process %.3f of 1/%d\n",
-	       PROCS, THREADS, f.rate * 1e9, sum, (double)run_ns / 1e9, (double)sum / made, bound,
+	       nseeds > 0 ? "cluster" : "redis", PROCS, THREADS, f.rate * 1e9, sum,
+	       (double)run_ns / 1e9, (double)sum / made, bound,
 	       (double)sum / bound, (double)least * PROCS / (double)sum, PROCS);
+	printf("  shares of 1/%d:", PROCS);
+	for (int i = 0; i < PROCS; i++)
+		printf(" %.3f", (double)atomic_load(&f.t[i].granted) * PROCS / (double)sum);
+	printf("\n");
+	fflush(stdout);
 	ck_assert_msg((double)sum <= bound, "granted %ld > bound %.0f", sum, bound);
-	ck_assert_msg((double)sum >= 0.95 * made, "granted %ld < 95%% of %.0f", sum, made);
-	/* Fairness: each process at least half of an equal share. */
-	ck_assert_msg((double)least >= 0.5 * (double)sum / PROCS, "least process %ld of %ld", least,
+	/* The key starts full, so the first half gets the burst too: the
+	 * steady state is the second half's. */
+	long late = 0;
+	for (int i = 0; i < PROCS; i++)
+		late += atomic_load(&f.t[i].late);
+	double half = f.rate * (double)(run_ns / 2);
+	printf("  second half: %.4f of rate x time\n", (double)late / half);
+	fflush(stdout);
+	ck_assert_msg((double)late >= 0.95 * half, "granted %ld < 95%% of %.0f", late, half);
+	/* Fairness: each process at least a third of an equal share (the
+	 * stated factor, docs/leases.md; runs on a quiet machine give 0.6 to
+	 * 0.95, a loaded one down to 0.5). */
+	ck_assert_msg((double)least >= (double)sum / PROCS / 3, "least process %ld of %ld", least,
 		      sum);
+}
+
+START_TEST(test_fleet)
+{
+	lease_fleet(NULL, 0);
 }
 END_TEST
 
@@ -421,6 +456,112 @@ START_TEST(test_fleet_restart)
 }
 END_TEST
 
+/*
+ * A rate lowered while leases are out: each process closes its lease (its
+ * unused tokens go back) and opens one with the new limit.  Grants stay
+ * within burst + the old rate until the last process switched + the new
+ * rate after, and the new rate is then reached.
+ */
+struct change {
+	atomic_long granted, late;
+	atomic_int switched;
+};
+
+static void process_change(const struct tokenbucket_redis_limit *a,
+			   const struct tokenbucket_redis_limit *b, const struct plan *p,
+			   int64_t change_at, struct change *c)
+{
+	struct tokenbucket_redis *r;
+	struct tokenbucket_redis_lease *l;
+	if (fleet_client(&r) != 0 ||
+	    tokenbucket_redis_lease_open(&l, r, KEY("hot"), a, SHARE, WINDOW) != 0)
+		_exit(2);
+	while (tokenbucket_now() < p->start)
+		sleep_ns(MS);
+	long g = 0, late = 0;
+	bool switched = false;
+	for (;;) {
+		int64_t now = tokenbucket_now();
+		if (now >= p->until)
+			break;
+		if (!switched && now >= change_at) {
+			if (tokenbucket_redis_lease_close(l) != 0 ||
+			    tokenbucket_redis_lease_open(&l, r, KEY("hot"), b, SHARE, WINDOW) != 0)
+				_exit(5);
+			switched = true;
+			atomic_fetch_add(&c->switched, 1);
+		}
+		struct tokenbucket_result res;
+		if (tokenbucket_redis_lease_allow(l, 1, &res) != 0)
+			_exit(6);
+		if (!res.allowed) {
+			sched_yield();
+			continue;
+		}
+		g++;
+		late += now >= p->late_from;
+	}
+	atomic_fetch_add(&c->granted, g);
+	atomic_fetch_add(&c->late, late);
+	int err = tokenbucket_redis_lease_close(l);
+	tokenbucket_redis_close(r);
+	_exit(err == 0 ? 0 : 4);
+}
+
+START_TEST(test_rate_change)
+{
+	if (fleet_skipped())
+		return;
+	struct tokenbucket_redis_limit a = fleet_limit(), b = a;
+	b.period_ns = 5 * a.period_ns; /* a fifth of the rate, the same burst */
+	struct change *c = mmap(NULL, sizeof(*c), PROT_READ | PROT_WRITE,
+				MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne(c, MAP_FAILED);
+	memset(c, 0, sizeof(*c));
+	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
+	int64_t lead = mult != NULL && atof(mult) > 1 ? SEC : 300 * MS;
+	const int64_t run_ns = 1500 * MS;
+	struct plan p = { .start = tokenbucket_now() + lead };
+	p.until = p.start + run_ns;
+	int64_t change_at = p.start + run_ns / 3;
+	p.late_from = change_at + run_ns / 6;
+	int64_t t0 = T0();
+	pid_t pids[PROCS];
+	for (int i = 0; i < PROCS; i++) {
+		pids[i] = fork();
+		ck_assert_int_ge(pids[i], 0);
+		if (pids[i] == 0) {
+			tokenbucket_redis_close(cli);
+			cli = NULL;
+			process_change(&a, &b, &p, change_at, c);
+		}
+	}
+	/* Once every process switched, no call carries the old limit. */
+	while (atomic_load(&c->switched) < PROCS && tokenbucket_now() < p.until + 10 * SEC)
+		sleep_ns(MS);
+	int64_t tc = T1();
+	for (int i = 0; i < PROCS; i++) {
+		int status;
+		ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d: status %d",
+			      i, status);
+	}
+	int64_t t1 = T1();
+	ck_assert_int_eq(atomic_load(&c->switched), PROCS);
+	double ra = 1.0 / (double)a.period_ns, rb = 1.0 / (double)b.period_ns;
+	double bound = (double)a.burst + ra * (double)(tc - t0) + rb * (double)(t1 - tc);
+	long sum = atomic_load(&c->granted), late = atomic_load(&c->late);
+	double made = rb * (double)(p.until - p.late_from);
+	printf("redis lease rate change: %ld granted, bound %.0f (%.4f used); after the change "
+	       "%ld, %.4f of the new rate x time\n", sum, bound, (double)sum / bound, late,
+	       (double)late / made);
+	ck_assert_msg((double)sum <= bound, "granted %ld > bound %.0f", sum, bound);
+	ck_assert_msg((double)late >= 0.95 * made, "granted %ld < 95%% of %.0f", late, made);
+	ck_assert_msg((double)late <= made + (double)a.burst, "granted %ld after the change", late);
+	munmap(c, sizeof(*c));
+}
+END_TEST
+
 Suite *redis_lease_suite(void)
 {
 	Suite *s = suite_create("redis-lease");
@@ -428,6 +569,7 @@ Suite *redis_lease_suite(void)
 		    (const TTest *const[]){ test_refund_op, test_open_refuses, test_close_gives_back,
 					    test_quiet_gives_back, NULL });
 	redis_tcase(s, "fleet", redis_setup, 60,
-		    (const TTest *const[]){ test_fleet, test_fleet_kill, test_fleet_restart, NULL });
+		    (const TTest *const[]){ test_fleet, test_fleet_kill, test_fleet_restart,
+					    test_rate_change, NULL });
 	return s;
 }
