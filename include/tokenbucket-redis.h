@@ -238,7 +238,9 @@ struct tokenbucket_redis_lease;
  * in window_ns) (rate 0: share * burst), starts at cap / 64 (at least 1),
  * doubles when a chunk lasts less than window_ns / 2, and goes back to
  * the start when the key is quiet; the next chunk is asked for when fewer
- * than half a chunk are left, so that callers rarely find none.  The
+ * than half a chunk are left, so that callers rarely find none.  While
+ * other clients drain the shared bucket, a lease takes what is there at
+ * most every window_ns / 4.  The
  * lease holds at most 2 * cap tokens.  Tokens not used go back to the
  * shared bucket (TOKENBUCKET_REDIS_REFUND) when a whole window passes
  * without a call, and at tokenbucket_redis_lease_close.  A grant of the
@@ -260,8 +262,8 @@ TOKENBUCKET_API int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease 
  * at once.  When the tokens held are not enough (used up, and the next
  * chunk still in flight or not there in the shared bucket), the call is
  * refused at once: res->allowed false, res->retry_after_ns an estimate of
- * when the next chunk lands (the last round trip's time, or the shared
- * bucket's wait for a chunk).  n above cap goes to Redis call by call
+ * when the next chunk lands (the last round trip's time, or the wait for
+ * the lease's next turn at a shared bucket that other clients drain).  n above cap goes to Redis call by call
  * (tokenbucket_redis_allow).  res->remaining is the tokens held locally.
  * res may be NULL.  0, or -EINVAL (l NULL), or for n above cap what
  * tokenbucket_redis_allow returns.
