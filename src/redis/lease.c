@@ -132,8 +132,11 @@ static void refill(struct tokenbucket_redis_lease *l)
 	}
 	struct tokenbucket_result res;
 	int err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
-	bool contended = err == 0 && !res.allowed;
-	if (contended && res.remaining > 0) {
+	/* Contended: the shared bucket could not give this chunk, or not
+	 * another one after it.  Judged by the bucket, not by this take, so
+	 * that a small chunk does not count as plenty. */
+	bool contended = err == 0 && (!res.allowed || res.remaining < want);
+	if (err == 0 && !res.allowed && res.remaining > 0) {
 		/* Fewer than a chunk there: take what is, in a second try. */
 		want = res.remaining < want ? res.remaining : want;
 		err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
@@ -156,7 +159,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 	}
 	if (contended) {
 		/* A contended key: this client's next refill waits its turn
-		 * (below), whether it took something now or not. */
+		 * (below), whatever it took now. */
 		l->next_refill = t1 + l->window_ns / 4;
 	}
 	if (!res.allowed) {
@@ -210,6 +213,16 @@ static void *run(void *arg)
 	return NULL;
 }
 
+/* Frees what lease_open made; the thread, if any, has been joined. */
+static void lease_free(struct tokenbucket_redis_lease *l)
+{
+	pthread_cond_destroy(&l->cv);
+	pthread_mutex_destroy(&l->mu);
+	tokenbucket_free(l->local);
+	free(l->key);
+	free(l);
+}
+
 int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tokenbucket_redis *r,
 				 const void *key, size_t keylen,
 				 const struct tokenbucket_redis_limit *lim, double share,
@@ -233,6 +246,12 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	struct tokenbucket_redis_lease *l = calloc(1, sizeof(*l));
 	if (l == NULL)
 		return -ENOMEM;
+	pthread_condattr_t ca;
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&l->cv, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_mutex_init(&l->mu, NULL);
 	l->key = malloc(keylen > 0 ? keylen : 1);
 	int err = l->key == NULL ? -ENOMEM : 0;
 	if (err == 0) {
@@ -243,9 +262,7 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	if (err == 0)
 		err = tokenbucket_reset_at(l->local, 0, 0);
 	if (err != 0) {
-		tokenbucket_free(l->local);
-		free(l->key);
-		free(l);
+		lease_free(l);
 		return err;
 	}
 	l->r = r;
@@ -261,19 +278,9 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	atomic_init(&l->low, l->chunk / 2 + 1);
 	atomic_init(&l->retry_ns, 0);
 	atomic_init(&l->err, 0);
-	pthread_condattr_t ca;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&l->cv, &ca);
-	pthread_condattr_destroy(&ca);
-	pthread_mutex_init(&l->mu, NULL);
 	err = -pthread_create(&l->thread, NULL, run, l);
 	if (err != 0) {
-		pthread_cond_destroy(&l->cv);
-		pthread_mutex_destroy(&l->mu);
-		tokenbucket_free(l->local);
-		free(l->key);
-		free(l);
+		lease_free(l);
 		return err;
 	}
 	*lp = l;
@@ -333,10 +340,6 @@ int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease *l)
 	pthread_mutex_unlock(&l->mu);
 	pthread_join(l->thread, NULL);
 	int err = give_back(l);
-	pthread_cond_destroy(&l->cv);
-	pthread_mutex_destroy(&l->mu);
-	tokenbucket_free(l->local);
-	free(l->key);
-	free(l);
+	lease_free(l);
 	return err;
 }

@@ -354,6 +354,15 @@ static long total(const struct fleet *f, int procs)
 	return s;
 }
 
+/* The grants of the first procs processes in the second half. */
+static long late_total(const struct fleet *f, int procs)
+{
+	long s = 0;
+	for (int i = 0; i < procs; i++)
+		s += atomic_load(&f->t[i].late);
+	return s;
+}
+
 void lease_fleet(const char *const *seeds, size_t nseeds)
 {
 	fleet_seeds = seeds;
@@ -384,9 +393,7 @@ void lease_fleet(const char *const *seeds, size_t nseeds)
 	ck_assert_msg((double)sum <= bound, "granted %ld > bound %.0f", sum, bound);
 	/* The key starts full, so the first half gets the burst too: the
 	 * steady state is the second half's. */
-	long late = 0;
-	for (int i = 0; i < PROCS; i++)
-		late += atomic_load(&f.t[i].late);
+	long late = late_total(&f, PROCS);
 	double half = f.rate * (double)(run_ns / 2);
 	printf("  second half: %.4f of rate x time\n", (double)late / half);
 	fflush(stdout);
@@ -418,9 +425,7 @@ START_TEST(test_fleet_kill)
 	ck_assert_msg((double)sum <= bound, "granted %ld > bound %.0f", sum, bound);
 	/* After the kill (a third in) the survivors get the whole rate back:
 	 * in the second half, 95% of it, less the killed lease's 2 cap. */
-	long late = 0;
-	for (int i = 0; i < PROCS - 1; i++)
-		late += atomic_load(&f.t[i].late);
+	long late = late_total(&f, PROCS - 1);
 	double made = f.rate * (double)(run_ns / 2);
 	printf("redis lease kill: survivors granted %ld in the second half, %.4f of rate x time; "
 	       "lost at most 2 cap = %" PRIu64 "\n", late, (double)late / made, 2 * f.cap);
@@ -437,12 +442,10 @@ START_TEST(test_fleet_restart)
 	const int64_t run_ns = 1500 * MS;
 	run_fleet(&f, RESTART, run_ns);
 	const struct tokenbucket_redis_limit lim = fleet_limit();
-	long late = 0;
-	for (int i = 0; i < PROCS; i++) {
-		/* Every process leases again from the new server. */
+	/* Every process leases again from the new server. */
+	for (int i = 0; i < PROCS; i++)
 		ck_assert_int_gt(atomic_load(&f.t[i].late), 0);
-		late += atomic_load(&f.t[i].late);
-	}
+	long late = late_total(&f, PROCS);
 	/* From the restart on, the new bucket's bound holds alone (tokens
 	 * leased from the old server and given back to the new one are capped
 	 * by its burst): the second half is within it. */
