@@ -192,6 +192,20 @@ TOKENBUCKET_API int tokenbucket_redis_cancel_at(struct tokenbucket_redis *r, con
 						const struct tokenbucket_redis_limit *lim,
 						struct tokenbucket_reservation *rv, int64_t now);
 /*
+ * Since 1.2.  Gives n tokens taken earlier (by allow or reserve) back to the
+ * shared bucket at the call's time, as tokenbucket_refund() does to a local
+ * one: debt is paid first, and nothing lifts the bucket above its burst.
+ * The server cannot tell whose tokens they are: give back only what was
+ * taken and not used.  -E2BIG: n > burst (nothing changes).
+ */
+TOKENBUCKET_API int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key,
+					     size_t keylen,
+					     const struct tokenbucket_redis_limit *lim, uint64_t n);
+TOKENBUCKET_API int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key,
+						size_t keylen,
+						const struct tokenbucket_redis_limit *lim,
+						int64_t now, uint64_t n);
+/*
  * Go's TokensAt: *tokens is the level (negative in debt, fractional where
  * the rate makes it so).  tokens and res may be NULL.
  */
@@ -228,6 +242,67 @@ TOKENBUCKET_API int tokenbucket_redis_wait(struct tokenbucket_redis *r, const vo
 					   const struct tokenbucket_redis_limit *lim, uint64_t n,
 					   int64_t deadline, int cancel_fd);
 
+/* ---- Leases: a hot key decided locally (since 1.2) ------------------------ */
+
+struct tokenbucket_redis_lease;
+
+/*
+ * Since 1.2.  Opts key in to leases on client r (docs/leases.md): a thread
+ * of the lease's takes the key's tokens from the shared bucket a chunk per
+ * round trip (with allow, on the server's clock), and
+ * tokenbucket_redis_lease_allow spends them locally, without a round trip.
+ * A chunk is at most cap = min(share * burst, the tokens the rate makes
+ * in window_ns) (rate 0: share * burst), starts at cap / 64 (at least 1),
+ * doubles when a chunk lasts less than window_ns / 2, and goes back to
+ * the start when the key is quiet; the next chunk is asked for when fewer
+ * than half a chunk are left, so that callers rarely find none.  While
+ * other clients drain the shared bucket, a lease takes what is there at
+ * most every window_ns / 4.  The
+ * lease holds at most 2 * cap tokens.  Tokens not used go back to the
+ * shared bucket (TOKENBUCKET_REDIS_REFUND) when a whole window passes
+ * without a call, and at tokenbucket_redis_lease_close.  A grant of the
+ * client's local fallback is never taken as a lease.  Other processes and
+ * keys without a lease share the same bucket call by call.  r must
+ * outlive the lease; close every lease before the client.
+ * -EINVAL: lp, r or lim NULL, key NULL with keylen > 0, share NaN, not in
+ * (0, 1], window_ns <= 0, a bad rate, or cap 0.  -ERANGE: burst above
+ * TOKENBUCKET_BURST_MAX.  -ENOMEM, -EAGAIN (no thread).
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp,
+						 struct tokenbucket_redis *r, const void *key,
+						 size_t keylen,
+						 const struct tokenbucket_redis_limit *lim,
+						 double share, int64_t window_ns);
+/*
+ * Since 1.2.  Go's AllowN on the lease's key, decided locally from the
+ * tokens leased: never a round trip, never a wait, any number of threads
+ * at once.  When the tokens held are not enough (used up, and the next
+ * chunk still in flight or not there in the shared bucket), the call is
+ * refused at once: res->allowed false, res->retry_after_ns an estimate of
+ * when the next chunk lands (the last round trip's time, or the wait for
+ * the lease's next turn at a shared bucket that other clients drain).  n above cap goes to Redis call by call
+ * (tokenbucket_redis_allow).  res->remaining is the tokens held locally.
+ * res may be NULL.  0, or -EINVAL (l NULL), or for n above cap what
+ * tokenbucket_redis_allow returns.
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_allow(struct tokenbucket_redis_lease *l, uint64_t n,
+						  struct tokenbucket_result *res);
+/*
+ * Since 1.2.  *tokens: the whole tokens the lease holds now, unused.
+ * Returns 0, or the error of the latest round trip while it stands
+ * (callers are refused until Redis answers again); -EINVAL: a NULL
+ * argument.
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_tokens(struct tokenbucket_redis_lease *l,
+						   uint64_t *tokens);
+/*
+ * Since 1.2.  Stops the lease's thread, gives its unused tokens back to the
+ * shared bucket and frees l (NULL: nothing, 0).  No other call on l may be
+ * running.  0, or the give-back's error (the tokens are then lost to every
+ * client until the rate makes them again; the limit is kept).
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease *l);
+
 /* ---- Without blocking: build the command, parse the reply ---------------- */
 
 enum tokenbucket_redis_op {
@@ -235,7 +310,14 @@ enum tokenbucket_redis_op {
 	TOKENBUCKET_REDIS_RESERVE,
 	TOKENBUCKET_REDIS_CANCEL,
 	TOKENBUCKET_REDIS_TOKENS,
-	TOKENBUCKET_REDIS_RESET
+	TOKENBUCKET_REDIS_RESET,
+	/*
+	 * Since 1.2: gives n tokens taken earlier back to the bucket at now,
+	 * paying any debt first, within burst (the core's tokenbucket_refund);
+	 * n > burst changes nothing and returns -E2BIG.  Leases use it for the
+	 * tokens they did not use.
+	 */
+	TOKENBUCKET_REDIS_REFUND
 };
 /* Flags of struct tokenbucket_redis_call. */
 #define TOKENBUCKET_REDIS_AT (1u << 0)   /* use now, not the server's clock */

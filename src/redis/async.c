@@ -107,6 +107,7 @@ struct tokenbucket_redis_async {
 	int64_t refreshed_at;
 	int depth;
 	bool closing;
+	bool forgetting;         /* tbr__async_forget: ops end without their callbacks */
 	unsigned long completed; /* callbacks run: settle() sees a write's failure by it */
 };
 
@@ -207,14 +208,15 @@ static void complete(struct op *o, int err, struct tokenbucket_result *res,
 		memset(&v0, 0, sizeof(v0));
 		rv = &v0;
 	}
-	if (a->fallback != NULL)
+	if (a->fallback != NULL && !a->forgetting)
 		err = tbr__fallback_apply(a->fallback, &o->call, err, res, rv);
 	bind_op(o, NULL);
 	a->nwaiting--; /* o leaves the list */
 	a->completed++;
 	unlink_op(a, o);
 	bool granted = err == 0 && o->call.op == TOKENBUCKET_REDIS_RESERVE;
-	o->done(o->arg, err, res, granted ? rv : NULL, tokens);
+	if (!a->forgetting)
+		o->done(o->arg, err, res, granted ? rv : NULL, tokens);
 	free(o->key);
 	free(o);
 }
@@ -692,6 +694,14 @@ void tokenbucket_redis_async_close(struct tokenbucket_redis_async *a)
 		a->closing = true;
 		return;
 	}
+	close_now(a);
+}
+
+void tbr__async_forget(struct tokenbucket_redis_async *a)
+{
+	if (a == NULL)
+		return;
+	a->forgetting = true;
 	close_now(a);
 }
 

@@ -35,6 +35,13 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
  * once rather than on the loop's next turn.  Callbacks may run in _end.
  * For the I/O thread of bridge.c, which starts a queue of calls at a time.
  */
+/*
+ * For a fork()ed child only: frees the engine a thread of the parent was
+ * running (not within one of its frames: bridge.c sees to that) with the
+ * calls in flight, and runs none of their callbacks (their waiters and
+ * locks are the parent's).
+ */
+void tbr__async_forget(struct tokenbucket_redis_async *a);
 void tbr__async_batch_begin(struct tokenbucket_redis_async *a);
 void tbr__async_batch_end(struct tokenbucket_redis_async *a);
 

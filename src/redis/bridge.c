@@ -12,6 +12,12 @@
  * The I/O thread reads its eventfd before it takes the queue, so a call
  * queued after the take finds the queue empty and wakes it again: no call
  * is left waiting in the queue.
+ *
+ * fork(): the child gets the engine as the I/O thread left it, and that
+ * thread is not in the child.  A handler of pthread_atfork waits until
+ * every I/O thread is outside its engine (`engine` below), so the child's
+ * copy is whole: nothing half linked, nothing held only in the frames of
+ * a thread that is gone.  The child frees it without running a callback.
  */
 #include <errno.h>
 #include <poll.h>
@@ -48,6 +54,8 @@ struct tbr__bridge {
 	bool stop;
 	int wake; /* eventfd: the queue was empty and is not */
 	pthread_t thread;
+	pthread_mutex_t engine; /* held by the I/O thread while it runs the engine */
+	struct tbr__bridge *next_bridge; /* in bridges, under bridges_lock */
 	pid_t pid; /* the process the I/O thread runs in: a fork()ed child has none */
 	/* The I/O thread's own. */
 	struct tokenbucket_redis_async *a;
@@ -57,6 +65,45 @@ struct tbr__bridge {
 	size_t npoll;
 	int64_t timer_at; /* tokenbucket_now() to fire at, or -1 */
 };
+
+/* ---- fork() --------------------------------------------------------------- */
+
+static pthread_mutex_t bridges_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tbr__bridge *bridges; /* every open bridge of the process */
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static int atfork_err;
+
+/* Lock order: bridges_lock, then each engine; the I/O threads take theirs alone. */
+static void fork_prepare(void)
+{
+	pthread_mutex_lock(&bridges_lock);
+	for (struct tbr__bridge *b = bridges; b != NULL; b = b->next_bridge)
+		pthread_mutex_lock(&b->engine);
+}
+
+/* Parent and child alike: the thread that forked holds the locks in both. */
+static void fork_done(void)
+{
+	for (struct tbr__bridge *b = bridges; b != NULL; b = b->next_bridge)
+		pthread_mutex_unlock(&b->engine);
+	pthread_mutex_unlock(&bridges_lock);
+}
+
+static void atfork_register(void)
+{
+	atfork_err = -pthread_atfork(fork_prepare, fork_done, fork_done);
+}
+
+static void bridges_remove(struct tbr__bridge *b)
+{
+	pthread_mutex_lock(&bridges_lock);
+	struct tbr__bridge **at = &bridges;
+	while (*at != NULL && *at != b)
+		at = &(*at)->next_bridge;
+	if (*at != NULL)
+		*at = b->next_bridge;
+	pthread_mutex_unlock(&bridges_lock);
+}
 
 /* ---- The I/O thread's loop ------------------------------------------------ */
 
@@ -137,6 +184,7 @@ static void *io_thread(void *arg)
 	sigset_t all;
 	sigfillset(&all);
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
+	pthread_mutex_lock(&b->engine);
 	for (;;) {
 		pthread_mutex_lock(&b->lock);
 		bool stop = b->stop;
@@ -169,7 +217,9 @@ static void *io_thread(void *arg)
 			ts = (struct timespec){ .tv_sec = left / 1000000000, .tv_nsec = left % 1000000000 };
 			tp = &ts;
 		}
+		pthread_mutex_unlock(&b->engine); /* a fork() may go on meanwhile */
 		int ready = ppoll(p, n, tp, NULL);
+		pthread_mutex_lock(&b->engine);
 		if (ready < 0 && errno != EINTR)
 			continue;
 		/*
@@ -191,6 +241,7 @@ static void *io_thread(void *arg)
 			tokenbucket_redis_async_timeout(b->a);
 		}
 	}
+	pthread_mutex_unlock(&b->engine);
 	return NULL;
 }
 
@@ -198,6 +249,9 @@ static void *io_thread(void *arg)
 
 int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cfg)
 {
+	pthread_once(&atfork_once, atfork_register);
+	if (atfork_err != 0)
+		return atfork_err;
 	struct tbr__bridge *b = calloc(1, sizeof(*b));
 	if (b == NULL)
 		return -ENOMEM;
@@ -218,8 +272,16 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 	int err = tbr__async_open(&b->a, cfg, &loop);
 	if (err == 0) {
 		pthread_mutex_init(&b->lock, NULL);
+		pthread_mutex_init(&b->engine, NULL);
+		/* Listed before the thread runs: a fork() from now on waits for it. */
+		pthread_mutex_lock(&bridges_lock);
+		b->next_bridge = bridges;
+		bridges = b;
+		pthread_mutex_unlock(&bridges_lock);
 		err = -pthread_create(&b->thread, NULL, io_thread, b);
 		if (err != 0) {
+			bridges_remove(b);
+			pthread_mutex_destroy(&b->engine);
 			pthread_mutex_destroy(&b->lock);
 			tokenbucket_redis_async_close(b->a);
 		}
@@ -247,9 +309,11 @@ void tbr__bridge_close(struct tbr__bridge *b)
 		/*
 		 * A fork()ed child: no I/O thread to stop, and the lock may have
 		 * been held by a thread that is not here.  Its copy of the engine
-		 * (no call in flight) and descriptors are freed alone.
+		 * (whole: see fork() above), with the parent's calls in flight,
+		 * and the descriptors are freed alone.
 		 */
-		tokenbucket_redis_async_close(b->a);
+		bridges_remove(b);
+		tbr__async_forget(b->a);
 		free(b->fds);
 		free(b->poll);
 		close(b->wake);
@@ -263,11 +327,13 @@ void tbr__bridge_close(struct tbr__bridge *b)
 	while (write(b->wake, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
 	pthread_join(b->thread, NULL);
+	bridges_remove(b);
 	/* No caller waits now (close never runs beside calls). */
 	tokenbucket_redis_async_close(b->a);
 	free(b->fds);
 	free(b->poll);
 	close(b->wake);
+	pthread_mutex_destroy(&b->engine);
 	pthread_mutex_destroy(&b->lock);
 	free(b);
 }

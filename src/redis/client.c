@@ -310,6 +310,24 @@ int tokenbucket_redis_cancel(struct tokenbucket_redis *r, const void *key, size_
 	return cancel(r, key, keylen, lim, rv, false, 0);
 }
 
+int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				const struct tokenbucket_redis_limit *lim, int64_t now, uint64_t n)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, true, now, n, 0);
+	return run(r, &call, NULL, NULL, NULL);
+}
+
+int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			     const struct tokenbucket_redis_limit *lim, uint64_t n)
+{
+	if (lim == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, false, 0, n, 0);
+	return run(r, &call, NULL, NULL, NULL);
+}
+
 int tokenbucket_redis_tokens_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
 				const struct tokenbucket_redis_limit *lim, int64_t now,
 				double *tokens, struct tokenbucket_result *res)

@@ -12,7 +12,7 @@
 
 #include "internal.h"
 
-static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset" };
+static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
 
 static void put(struct tbr__args *a, int i, const char *s, size_t len)
 {
@@ -31,7 +31,7 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bo
 {
 	if (call == NULL || a == NULL || (call->key == NULL && call->keylen > 0))
 		return -EINVAL;
-	if ((unsigned)call->op > TOKENBUCKET_REDIS_RESET ||
+	if ((unsigned)call->op > TOKENBUCKET_REDIS_REFUND ||
 	    (call->flags & ~(TOKENBUCKET_REDIS_AT | TOKENBUCKET_REDIS_EVAL)))
 		return -EINVAL;
 	const struct tokenbucket_redis_limit *lim = &call->limit;
@@ -190,6 +190,9 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 		err = code == 1 ? 0 : code == 0 ? -ETIMEDOUT : code == 2 ? -E2BIG : -EOVERFLOW;
 		if (err == 0 && rv != NULL)
 			*rv = (struct tokenbucket_reservation){ .time_to_act = act, .tokens = call->n };
+		break;
+	case TOKENBUCKET_REDIS_REFUND:
+		err = code == 2 ? -E2BIG : 0;
 		break;
 	case TOKENBUCKET_REDIS_TOKENS:
 		if (tokens != NULL) {

@@ -5,18 +5,18 @@
 -- tokenbucket-redis(7); docs/redis.md explains the arithmetic.
 --
 -- KEYS[1]  the bucket's key
--- ARGV[1]  op: "allow", "reserve", "cancel", "tokens" or "reset"
+-- ARGV[1]  op: "allow", "reserve", "cancel", "refund", "tokens" or "reset"
 -- ARGV[2]  now: int64 ns, or "" for the server's clock (TIME)
 -- ARGV[3]  tokens  } the rate: tokens per period ns (tokens 0: rate 0)
 -- ARGV[4]  period  }
 -- ARGV[5]  burst
 -- ARGV[6]  n: tokens to allow, reserve or give back; for reset, the level
--- ARGV[7]  allow, tokens, reset: ignored; reserve: max_wait ns (int64,
+-- ARGV[7]  allow, refund, tokens, reset: ignored; reserve: max_wait ns (int64,
 --          9223372036854775807 = no limit); cancel: the reservation's
 --          time_to_act
 --
 -- Reply: { code, now, level, rem, q, act, full } with code an integer
--- (1 granted, 0 refused, 2 n > burst, 3 debt too large) and the rest decimal
+-- (1 granted or given back, 0 refused, 2 n > burst, 3 debt too large) and the rest decimal
 -- strings: the time the bucket has seen, its whole tokens (negative in debt),
 -- the fraction of the next token rem/q, the time n tokens are (or were)
 -- there, and the time it is full again (9223372036854775807: never).
@@ -40,7 +40,8 @@ local key, op = KEYS[1], ARGV[1]
 if #KEYS ~= 1 or #ARGV ~= 7 then
 	return redis.error_reply("ERR tokenbucket: bad argument count")
 end
-if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "tokens" and op ~= "reset" then
+if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "refund" and op ~= "tokens"
+	and op ~= "reset" then
 	return redis.error_reply("ERR tokenbucket: bad op")
 end
 -- The server's clock is read once, whichever path decides.
@@ -801,6 +802,20 @@ elseif op == "cancel" then
 		advance(now)
 		changed = true
 		if tcmp(clock, arg) <= 0 then
+			credit(n)
+		end
+	end
+elseif op == "refund" then
+	-- Tokens taken earlier (a lease's unused part) come back at now,
+	-- paying debt first, within burst: tokenbucket_refund at the bucket's
+	-- time.  The script cannot tell whose tokens they are; it refuses
+	-- more than a burst, which no lease exceeds, and changes nothing then.
+	if pcmp(n, sb) > 0 then
+		code = 2
+	else
+		advance(now)
+		changed = true
+		if n ~= 0 then
 			credit(n)
 		end
 	end

@@ -52,6 +52,9 @@ Suite *redis_concurrency_suite(void);
 Suite *redis_expiry_suite(void);
 Suite *redis_badinput_suite(void);
 Suite *redis_api_suite(void);
+Suite *redis_lease_suite(void);
+/* The leases' fleet test (test_redis_lease.c) on srv, or on a cluster's seeds. */
+void lease_fleet(const char *const *seeds, size_t nseeds);
 Suite *redis_module_suite(void);
 
 #endif

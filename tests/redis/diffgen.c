@@ -15,7 +15,7 @@
 
 #include "sequence.h"
 
-static const char *const ops[] = { "allow", "reserve", "cancel", "tokens", "reset" };
+static const char *const ops[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
 
 int main(int argc, char **argv)
 {

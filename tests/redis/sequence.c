@@ -203,8 +203,8 @@ bool seq_next(struct seq *s, struct seq_step *st, struct seq_expect *ex)
 	ex->code = 1;
 	uint64_t k = below(s, 100);
 	st->op = k < 30 ? TOKENBUCKET_REDIS_ALLOW : k < 60 ? TOKENBUCKET_REDIS_RESERVE
-	       : k < 72 ? TOKENBUCKET_REDIS_CANCEL : k < 92 ? TOKENBUCKET_REDIS_TOKENS
-	       : TOKENBUCKET_REDIS_RESET;
+	       : k < 70 ? TOKENBUCKET_REDIS_CANCEL : k < 78 ? TOKENBUCKET_REDIS_REFUND
+	       : k < 93 ? TOKENBUCKET_REDIS_TOKENS : TOKENBUCKET_REDIS_RESET;
 	st->n = random_n(s);
 	if (st->op == TOKENBUCKET_REDIS_RESET && st->n > s->lim.burst) {
 		/* Refused before anything is sent or changed. */
@@ -250,6 +250,18 @@ bool seq_next(struct seq *s, struct seq_step *st, struct seq_expect *ex)
 		if (st->resv >= 0)
 			s->resv[st->resv] = r;
 		s->seen |= st->n > 0;
+		break;
+	case TOKENBUCKET_REDIS_REFUND:
+		/* The script credits up to now, then gives back within burst;
+		 * more than a burst is refused before either. */
+		if (st->n > s->lim.burst) {
+			ex->err = -E2BIG;
+			ex->code = 2;
+			break;
+		}
+		(void)tokenbucket_tokens_at(s->tb, now);
+		tokenbucket_refund(s->tb, st->n);
+		s->seen = true;
 		break;
 	case TOKENBUCKET_REDIS_TOKENS:
 		ex->tokens = tokenbucket_tokens_at(s->tb, now);

@@ -7,12 +7,14 @@
  */
 #include <hiredis/hiredis.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "check_redis.h"
@@ -297,6 +299,66 @@ START_TEST(test_pipelining_shares_one_connection)
 }
 END_TEST
 
+/*
+ * fork() while other threads' calls are in flight on a pipelined client:
+ * the child closes its copy of the parent's client.  The I/O thread may
+ * have been anywhere in the engine, holding the lock its callbacks take,
+ * and is not in the child: the close must neither wait for it nor keep
+ * what it was running (memcheck follows the children).
+ */
+static atomic_bool forking_stop;
+
+static void *forking_calls(void *arg)
+{
+	(void)arg;
+	const struct tokenbucket_redis_limit many = { .tokens = 1, .period_ns = 1000, .burst = 1000 };
+	while (!atomic_load(&forking_stop)) {
+		struct tokenbucket_result res;
+		if (tokenbucket_redis_allow(piped, KEY("fork"), &many, 1, &res) != 0)
+			atomic_fetch_add(&piped_failed, 1);
+	}
+	return NULL;
+}
+
+START_TEST(test_fork_while_pipelined)
+{
+	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	atomic_store(&piped_failed, 0);
+	atomic_store(&forking_stop, false);
+	pthread_t t[4];
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, forking_calls, NULL), 0);
+	for (int i = 0; i < 20; i++) {
+		usleep(5000);
+		pid_t child = fork();
+		ck_assert_int_ge(child, 0);
+		if (child == 0) {
+			tokenbucket_redis_close(piped);
+			_exit(0);
+		}
+		/* Generous: a child under memcheck starts slowly, and one that hangs never ends. */
+		int status = -1;
+		for (int waited = 0; waited < 6000; waited++) {
+			if (waitpid(child, &status, WNOHANG) == child)
+				break;
+			usleep(10000);
+		}
+		if (status == -1) {
+			kill(child, SIGKILL);
+			waitpid(child, NULL, 0);
+		}
+		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+			      "child %d: status %#x", i, (unsigned)status);
+	}
+	atomic_store(&forking_stop, true);
+	for (int i = 0; i < 4; i++)
+		pthread_join(t[i], NULL);
+	ck_assert_int_eq(atomic_load(&piped_failed), 0);
+	tokenbucket_redis_close(piped);
+}
+END_TEST
+
 /* xorshift64*: the tests' own numbers, the same on every run. */
 static uint64_t next_random(uint64_t *x)
 {
@@ -351,6 +413,7 @@ Suite *redis_api_suite(void)
 	Suite *s = suite_create("redis-api");
 	redis_tcase(s, "api", redis_setup, 30,
 		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client,
-					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection, NULL });
+					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection,
+					    test_fork_while_pipelined, NULL });
 	return s;
 }

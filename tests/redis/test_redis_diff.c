@@ -62,6 +62,12 @@ int redis_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long i
 			ck_assert_uint_eq(r.tokens, 0);
 			break;
 		}
+		case TOKENBUCKET_REDIS_REFUND: {
+			err = tokenbucket_redis_refund_at(c, KEY(key), &st.lim, st.now, st.n);
+			ck_assert_msg(err == ex.err, "%s step %d: refund %d, local %d", key, done, err,
+				      ex.err);
+			break;
+		}
 		case TOKENBUCKET_REDIS_TOKENS: {
 			double v = 0;
 			err = tokenbucket_redis_tokens_at(c, KEY(key), &st.lim, st.now, &v, &res);

@@ -22,7 +22,7 @@
 #include "check_redis.h"
 #include "sequence.h"
 
-static const char *const ops[] = { "allow", "reserve", "cancel", "tokens", "reset" };
+static const char *const ops[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
 static const char *sha;
 
 /* Starts srv loading the module, with more options (NULL-terminated). */
@@ -241,6 +241,7 @@ START_TEST(test_module_hostile)
 		{ "cancel", "1000", "1", "1", "3", "1", "2000" },
 		{ "tokens", "5", "7", "3", "9", "0", "0" },
 		{ "reset", "1000", "1", "1", "3", "2", "0" },
+		{ "refund", "1000", "1", "1", "3", "2", "0" },
 	};
 	redisContext *c = server_admin(&srv);
 	uint64_t rng = 0x4057113u;

@@ -246,13 +246,15 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 {
 	o->error = NULL;
 	o->write = o->expire = false;
-	enum { ALLOW, RESERVE, CANCEL, TOKENS, RESET } op;
+	enum { ALLOW, RESERVE, CANCEL, REFUND, TOKENS, RESET } op;
 	if (eq(&arg[0], "allow"))
 		op = ALLOW;
 	else if (eq(&arg[0], "reserve"))
 		op = RESERVE;
 	else if (eq(&arg[0], "cancel"))
 		op = CANCEL;
+	else if (eq(&arg[0], "refund"))
+		op = REFUND;
 	else if (eq(&arg[0], "tokens"))
 		op = TOKENS;
 	else if (eq(&arg[0], "reset"))
@@ -373,6 +375,16 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 			changed = true;
 			if (b.clock <= xarg)
 				credit(&b, n);
+		}
+	} else if (op == REFUND) {
+		/* A lease's unused tokens back, within burst; more than a burst,
+		 * which no lease exceeds, is refused and changes nothing. */
+		if (n > b.sb) {
+			code = 2;
+		} else {
+			advance(&b, now);
+			changed = true;
+			credit(&b, n);
 		}
 	} else if (op == TOKENS) {
 		advance(&b, now);
