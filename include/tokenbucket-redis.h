@@ -256,8 +256,9 @@ struct tokenbucket_redis_lease;
  * doubles when a chunk lasts less than window_ns / 2, and goes back to
  * the start when the key is quiet; the next chunk is asked for when fewer
  * than half a chunk are left, so that callers rarely find none.  While
- * other clients drain the shared bucket, a lease takes what is there at
- * most every window_ns / 4.  The
+ * other clients drain the shared bucket, a lease takes what is there
+ * every window_ns / 4 on average (each turn drawn from 1/8 to 3/8 of
+ * window_ns).  The
  * lease holds at most 2 * cap tokens.  Tokens not used go back to the
  * shared bucket (TOKENBUCKET_REDIS_REFUND) when a whole window passes
  * without a call, and at tokenbucket_redis_lease_close.  A grant of the
@@ -269,8 +270,8 @@ struct tokenbucket_redis_lease;
  * NaN or not in (0, 1], window_ns <= 0, a bad rate, or cap 0 (share *
  * burst or the window's tokens below 1).  -ERANGE: burst above
  * TOKENBUCKET_BURST_MAX, window_ns above an hour, or the rate making a
- * burst or more in window_ns / 4 (contended leases take every quarter
- * window; the bucket would drop what it makes meanwhile).  -ENOMEM,
+ * burst or more in 3/8 of window_ns (a contended lease's turns may be
+ * that far apart; the bucket would drop what it makes meanwhile).  -ENOMEM,
  * -EAGAIN (no thread).
  */
 TOKENBUCKET_API int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp,

@@ -92,6 +92,7 @@ struct tokenbucket_redis_lease {
 	uint64_t chunk;
 	int64_t last_refill;
 	int64_t next_refill; /* mono_ns: not before, after a contended one */
+	uint64_t rng;        /* xorshift64 state for the contended turns, never 0 */
 };
 
 static int64_t mono_ns(void)
@@ -248,6 +249,13 @@ static void refill(struct tokenbucket_redis_lease *l)
 	uint64_t h = held(l);
 	uint64_t room = 2 * l->cap > h ? 2 * l->cap - h : 0;
 	uint64_t want = l->chunk < room ? l->chunk : room;
+	/* Queued reservations go first: at least what they miss, up to cap
+	 * (they take it, so it needs no room in local). */
+	pthread_mutex_lock(&l->rmu);
+	uint64_t queued = l->missing < l->cap ? l->missing : l->cap;
+	pthread_mutex_unlock(&l->rmu);
+	if (want < queued)
+		want = queued;
 	if (want == 0) {
 		atomic_store_explicit(&l->wanted, false, memory_order_relaxed);
 		return;
@@ -281,8 +289,15 @@ static void refill(struct tokenbucket_redis_lease *l)
 	}
 	if (contended) {
 		/* A contended key: this client's next refill waits its turn
-		 * (below), whatever it took now. */
-		l->next_refill = t1 + l->window_ns / 4;
+		 * (below), whatever it took now: a quarter window on average,
+		 * drawn from [1/8, 3/8) of it, so that the clients' turns do
+		 * not lock into one order (a lease that always comes first
+		 * after the longest gap would take most of every round). */
+		int64_t q = l->window_ns / 4;
+		l->rng ^= l->rng << 13;
+		l->rng ^= l->rng >> 7;
+		l->rng ^= l->rng << 17;
+		l->next_refill = t1 + q / 2 + (q > 0 ? (int64_t)(l->rng % (uint64_t)q) : 0);
 	}
 	if (!res.allowed) {
 		/* The shared bucket is empty.  Waiting for a whole chunk would
@@ -293,7 +308,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 		 * equal shares on average, at 4 polls a window each.  Nothing
 		 * waits in the shared bucket longer than that, so nothing
 		 * overflows its burst as long as the rate makes less than a
-		 * burst in a quarter window (docs/leases.md). */
+		 * burst in 3/8 of a window (docs/leases.md). */
 		atomic_store_explicit(&l->retry_ns, l->next_refill - t1, memory_order_relaxed);
 		return;
 	}
@@ -368,10 +383,10 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 		return -EINVAL;
 	if (lim->burst > TOKENBUCKET_BURST_MAX || window_ns > LEASE_WINDOW_MAX)
 		return -ERANGE;
-	/* Tokens wait in the shared bucket up to a quarter window between a
+	/* Tokens wait in the shared bucket up to 3/8 of a window between a
 	 * contended lease's takes: the rate must make less than a burst in
 	 * that time, or the bucket drops what the fleet was owed. */
-	if (lim->tokens > 0 && (long double)lim->tokens * (long double)window_ns / 4 >=
+	if (lim->tokens > 0 && (long double)lim->tokens * (long double)window_ns * 3 / 8 >=
 				       (long double)lim->burst * (long double)lim->period_ns)
 		return -ERANGE;
 	/* cap: share of the burst, and what the rate makes in a window. */
@@ -415,6 +430,7 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	l->floor = cap / 64 > 0 ? cap / 64 : 1;
 	l->chunk = l->floor;
 	l->window_ns = window_ns;
+	l->rng = ((uint64_t)(uintptr_t)l ^ (uint64_t)mono_ns()) | 1;
 	atomic_init(&l->wanted, true); /* the first lease is taken at once */
 	atomic_init(&l->busy, true);
 	atomic_init(&l->starved, false);

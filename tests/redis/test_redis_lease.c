@@ -678,13 +678,14 @@ START_TEST(test_client_closed_first)
 	struct tokenbucket_redis *r;
 	ck_assert_int_eq(tokenbucket_redis_open(&r, srv.url, SEC, SEC), 0);
 	struct tokenbucket_redis_lease *l, *l2;
-	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, r, KEY("cc"), &lim, 0.5, SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, r, KEY("cc"), &lim, 1, SEC), 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l2, r, KEY("cc2"), &lim, 0.5, SEC), 0);
 	await_tokens(l);
 	struct tokenbucket_reservation a, b;
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 400, TOKENBUCKET_NEVER, &a), 0);
 	ck_assert_uint_eq(await_covered(l, &a), 0);
-	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 500, TOKENBUCKET_NEVER, &b), 0);
+	/* 700 of the 600 left: b is never whole. */
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 700, TOKENBUCKET_NEVER, &b), 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l2), 0); /* one closed before */
 	tokenbucket_redis_close(r);
 	/* Everything but a's 400 is back, b's share included. */
@@ -700,11 +701,11 @@ START_TEST(test_client_closed_first)
 	ck_assert_uint_eq(h, 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1, &res), 0);
 	ck_assert(!res.allowed);
-	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 600, &res), -ESHUTDOWN);
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1001, &res), -ESHUTDOWN);
 	struct tokenbucket_reservation c;
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, TOKENBUCKET_NEVER, &c), -ESHUTDOWN);
 	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
-	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 600, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1001, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
 	uint64_t m = 0;
 	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &b, &m), -ESHUTDOWN);
 	ck_assert_uint_gt(m, 0); /* never covered */
@@ -720,10 +721,10 @@ START_TEST(test_open_ranges)
 {
 	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
 	struct tokenbucket_redis_lease *l = NULL;
-	/* 400 ms: 100 tokens a quarter window, a burst: refused. */
-	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 400 * MS),
+	/* 3/8 of 267 ms makes 100.1 tokens, a burst: refused; of 266 ms, 99.75. */
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 267 * MS),
 			 -ERANGE);
-	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 399 * MS), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 266 * MS), 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
 	const struct tokenbucket_redis_limit zero = { .tokens = 0, .period_ns = 1, .burst = 100 };
 	l = NULL;
