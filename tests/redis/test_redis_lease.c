@@ -815,9 +815,9 @@ START_TEST(test_wait_deadline)
 END_TEST
 
 /*
- * Processes x threads reserving, cancelling (before, while and after being
- * covered) and waiting on one key at rate 0: after every lease closed, the
- * shared level is exactly burst - granted.
+ * Fleets of RPROCS processes x RTHREADS threads on one lease each, every
+ * thread running a worker until a common time; what each process granted
+ * is summed in shared memory.
  */
 #define RPROCS 3
 #define RTHREADS 3
@@ -831,9 +831,88 @@ struct rworker {
 	struct tokenbucket_redis_lease *l;
 	struct rtally *t;
 	int64_t until;
-	unsigned seed;
+	unsigned seed; /* per thread */
+	uint64_t n;    /* per thread: 1 to 7 */
 };
 
+struct rfleet {
+	const char *key;
+	struct tokenbucket_redis_limit lim;
+	double share;
+	int64_t window;
+	void *(*work)(void *); /* on a struct rworker */
+	int64_t start, until;
+	struct rtally *t; /* RPROCS of them, shared */
+};
+
+/* One process of the fleet: half of them leave their leases to the client's close. */
+static _Noreturn void rprocess(const struct rfleet *f, int i)
+{
+	struct tokenbucket_redis *r;
+	struct tokenbucket_redis_lease *l;
+	if (tokenbucket_redis_open(&r, srv.url, SEC, SEC) != 0 ||
+	    tokenbucket_redis_lease_open(&l, r, f->key, strlen(f->key), &f->lim, f->share,
+					 f->window) != 0)
+		_exit(2);
+	while (tokenbucket_now() < f->start)
+		sleep_ns(MS);
+	struct rworker w[RTHREADS];
+	pthread_t th[RTHREADS];
+	for (int j = 0; j < RTHREADS; j++) {
+		w[j] = (struct rworker){ .l = l, .t = &f->t[i], .until = f->until,
+					 .seed = (unsigned)(i * RTHREADS + j + 1),
+					 .n = 1 + (uint64_t)(i * RTHREADS + j) % 7 };
+		if (pthread_create(&th[j], NULL, f->work, &w[j]) != 0)
+			_exit(3);
+	}
+	for (int j = 0; j < RTHREADS; j++)
+		pthread_join(th[j], NULL);
+	int err = i % 2 ? tokenbucket_redis_lease_close(l) : 0;
+	tokenbucket_redis_close(r);
+	if (i % 2 == 0)
+		err = tokenbucket_redis_lease_close(l);
+	_exit(err == 0 ? 0 : 4);
+}
+
+/* Runs f for 1.5 s; the servers' elapsed time, the grants and the errors. */
+static int64_t run_rfleet(struct rfleet *f, long *granted, long *errors)
+{
+	f->t = mmap(NULL, RPROCS * sizeof(*f->t), PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne(f->t, MAP_FAILED);
+	memset(f->t, 0, RPROCS * sizeof(*f->t));
+	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
+	int64_t lead = mult != NULL && atof(mult) > 1 ? SEC : 300 * MS;
+	f->start = tokenbucket_now() + lead;
+	f->until = f->start + 1500 * MS;
+	int64_t t0 = T0();
+	pid_t pids[RPROCS];
+	for (int i = 0; i < RPROCS; i++) {
+		pids[i] = fork();
+		ck_assert_int_ge(pids[i], 0);
+		if (pids[i] == 0) {
+			tokenbucket_redis_close(cli);
+			cli = NULL;
+			rprocess(f, i);
+		}
+	}
+	for (int i = 0; i < RPROCS; i++) {
+		int status;
+		ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d: status %d",
+			      i, status);
+	}
+	int64_t elapsed = T1() - t0;
+	*granted = *errors = 0;
+	for (int i = 0; i < RPROCS; i++) {
+		*granted += atomic_load(&f->t[i].granted);
+		*errors += atomic_load(&f->t[i].errors);
+	}
+	munmap(f->t, RPROCS * sizeof(*f->t));
+	return elapsed;
+}
+
+/* Reserves, cancels (at once, after up to 20 ms, or once covered), allows and waits. */
 static void *rwork(void *arg)
 {
 	struct rworker *w = arg;
@@ -848,11 +927,10 @@ static void *rwork(void *arg)
 			continue;
 		}
 		if (what == 0) {
-			/* Cancelled at once, covered or not. */
 			e += tokenbucket_redis_lease_cancel(w->l, &rv) != 0;
 			continue;
 		}
-		/* Wait up to 20 ms for it; kept if covered, unless what == 1. */
+		/* Kept if covered within 20 ms, unless what == 1. */
 		uint64_t m = 1;
 		for (int i = 0; i < 20 && m > 0; i++) {
 			if (tokenbucket_redis_lease_missing(w->l, &rv, &m) != 0)
@@ -864,7 +942,6 @@ static void *rwork(void *arg)
 			e += tokenbucket_redis_lease_cancel(w->l, &rv) != 0;
 		else
 			g += (long)n;
-		/* And a lease allow and wait between. */
 		struct tokenbucket_result res;
 		if (tokenbucket_redis_lease_allow(w->l, 2, &res) != 0)
 			e++;
@@ -881,91 +958,32 @@ static void *rwork(void *arg)
 	return NULL;
 }
 
-static void rprocess(const struct tokenbucket_redis_limit *lim, int64_t start, int64_t until,
-		     struct rtally *t, unsigned seed)
-{
-	struct tokenbucket_redis *r;
-	struct tokenbucket_redis_lease *l;
-	if (tokenbucket_redis_open(&r, srv.url, SEC, SEC) != 0 ||
-	    tokenbucket_redis_lease_open(&l, r, KEY("rf"), lim, 0.1, 50 * MS) != 0)
-		_exit(2);
-	while (tokenbucket_now() < start)
-		sleep_ns(MS);
-	struct rworker w[RTHREADS];
-	pthread_t th[RTHREADS];
-	for (int i = 0; i < RTHREADS; i++) {
-		w[i] = (struct rworker){ .l = l, .t = t, .until = until, .seed = seed * 31 + i };
-		if (pthread_create(&th[i], NULL, rwork, &w[i]) != 0)
-			_exit(3);
-	}
-	for (int i = 0; i < RTHREADS; i++)
-		pthread_join(th[i], NULL);
-	/* Half the processes leave their leases to the client's close. */
-	int err = seed % 2 ? tokenbucket_redis_lease_close(l) : 0;
-	tokenbucket_redis_close(r);
-	if (seed % 2 == 0)
-		err = tokenbucket_redis_lease_close(l);
-	_exit(err == 0 ? 0 : 4);
-}
-
+/*
+ * At rate 0 (a burst the fleet drains: refills contend, reservations
+ * queue): after every lease closed, the shared level is exactly burst -
+ * granted.
+ */
 START_TEST(test_reserve_fleet)
 {
-	/* Rate 0 and a burst the fleet drains: refills contend, reservations queue. */
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 20000 };
-	struct rtally *t = mmap(NULL, RPROCS * sizeof(*t), PROT_READ | PROT_WRITE,
-				MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	ck_assert_ptr_ne(t, MAP_FAILED);
-	memset(t, 0, RPROCS * sizeof(*t));
-	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
-	int64_t lead = mult != NULL && atof(mult) > 1 ? SEC : 300 * MS;
-	int64_t start = tokenbucket_now() + lead, until = start + 1500 * MS;
-	pid_t pids[RPROCS];
-	for (int i = 0; i < RPROCS; i++) {
-		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
-		if (pids[i] == 0) {
-			tokenbucket_redis_close(cli);
-			cli = NULL;
-			rprocess(&lim, start, until, &t[i], (unsigned)i + 1);
-		}
-	}
-	for (int i = 0; i < RPROCS; i++) {
-		int status;
-		ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d: status %d",
-			      i, status);
-	}
-	long g = 0, e = 0;
-	for (int i = 0; i < RPROCS; i++) {
-		g += atomic_load(&t[i].granted);
-		e += atomic_load(&t[i].errors);
-	}
+	struct rfleet f = { .key = "rf", .lim = { .tokens = 0, .period_ns = 1, .burst = 20000 },
+			    .share = 0.1, .window = 50 * MS, .work = rwork };
+	long g, e;
+	run_rfleet(&f, &g, &e);
 	double v = -1;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rf"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rf"), &f.lim, &v, NULL), 0);
 	printf("redis lease reserve fleet: %d x %d threads, %ld granted of %" PRIu64
-	       ", level %.0f after close\n", RPROCS, RTHREADS, g, lim.burst, v);
+	       ", level %.0f after close\n", RPROCS, RTHREADS, g, f.lim.burst, v);
 	fflush(stdout);
 	ck_assert_int_eq(e, 0);
 	ck_assert_int_gt(g, 0);
-	ck_assert_msg(v == (double)lim.burst - (double)g, "level %.17g after %ld granted", v, g);
-	munmap(t, RPROCS * sizeof(*t));
+	ck_assert_msg(v == (double)f.lim.burst - (double)g, "level %.17g after %ld granted", v, g);
 }
 END_TEST
 
-/*
- * The same at a positive rate, with waits only: granted <= burst + rate x
- * elapsed on the servers' clock, and the rate is reached.
- */
-struct wworker {
-	struct tokenbucket_redis_lease *l;
-	struct rtally *t;
-	int64_t until;
-	uint64_t n;
-};
-
+/* Waits for its n tokens until the end. */
 static void *wwork(void *arg)
 {
-	struct wworker *w = arg;
+	struct rworker *w = arg;
 	long g = 0, e = 0;
 	while (tokenbucket_now() < w->until) {
 		int err = tokenbucket_redis_lease_wait(w->l, w->n, w->until, -1);
@@ -979,65 +997,24 @@ static void *wwork(void *arg)
 	return NULL;
 }
 
+/*
+ * At a positive rate, waits only: granted <= burst + rate x elapsed on the
+ * servers' clock, and the rate is reached.
+ */
 START_TEST(test_wait_fleet)
 {
 	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
 	bool slow = mult != NULL && atof(mult) > 1;
 	/* 10^5 tokens/s (10^4 under a sanitizer), a burst of 100 ms of it. */
-	const struct tokenbucket_redis_limit lim = { .tokens = 1,
-						     .period_ns = slow ? 100000 : 10000,
-						     .burst = slow ? 1000 : 10000 };
-	struct rtally *t = mmap(NULL, RPROCS * sizeof(*t), PROT_READ | PROT_WRITE,
-				MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	ck_assert_ptr_ne(t, MAP_FAILED);
-	memset(t, 0, RPROCS * sizeof(*t));
-	int64_t lead = slow ? SEC : 300 * MS, run = 1500 * MS;
-	int64_t start = tokenbucket_now() + lead, until = start + run;
-	int64_t t0 = T0();
-	pid_t pids[RPROCS];
-	for (int i = 0; i < RPROCS; i++) {
-		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
-		if (pids[i] != 0)
-			continue;
-		tokenbucket_redis_close(cli);
-		cli = NULL;
-		struct tokenbucket_redis *r;
-		struct tokenbucket_redis_lease *l;
-		if (tokenbucket_redis_open(&r, srv.url, SEC, SEC) != 0 ||
-		    tokenbucket_redis_lease_open(&l, r, KEY("wf"), &lim, 0.25, 10 * MS) != 0)
-			_exit(2);
-		while (tokenbucket_now() < start)
-			sleep_ns(MS);
-		struct wworker w[RTHREADS];
-		pthread_t th[RTHREADS];
-		for (int j = 0; j < RTHREADS; j++) {
-			w[j] = (struct wworker){ .l = l, .t = &t[i], .until = until,
-						 .n = 1 + (uint64_t)(i * RTHREADS + j) % 7 };
-			if (pthread_create(&th[j], NULL, wwork, &w[j]) != 0)
-				_exit(3);
-		}
-		for (int j = 0; j < RTHREADS; j++)
-			pthread_join(th[j], NULL);
-		int err = tokenbucket_redis_lease_close(l);
-		tokenbucket_redis_close(r);
-		_exit(err == 0 ? 0 : 4);
-	}
-	for (int i = 0; i < RPROCS; i++) {
-		int status;
-		ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
-		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d: status %d",
-			      i, status);
-	}
-	int64_t elapsed = T1() - t0;
-	long g = 0, e = 0;
-	for (int i = 0; i < RPROCS; i++) {
-		g += atomic_load(&t[i].granted);
-		e += atomic_load(&t[i].errors);
-	}
-	double rate = 1.0 / (double)lim.period_ns;
-	double bound = (double)lim.burst + rate * (double)elapsed;
-	double made = rate * (double)run;
+	struct rfleet f = { .key = "wf",
+			    .lim = { .tokens = 1, .period_ns = slow ? 100000 : 10000,
+				     .burst = slow ? 1000 : 10000 },
+			    .share = 0.25, .window = 10 * MS, .work = wwork };
+	long g, e;
+	int64_t elapsed = run_rfleet(&f, &g, &e);
+	double rate = 1.0 / (double)f.lim.period_ns;
+	double bound = (double)f.lim.burst + rate * (double)elapsed;
+	double made = rate * (double)(f.until - f.start);
 	printf("redis lease wait fleet: %d x %d threads, %.0f tokens/s: %ld granted, "
 	       "%.4f of rate x run, bound %.0f (%.4f used)\n", RPROCS, RTHREADS, rate * 1e9, g,
 	       (double)g / made, bound, (double)g / bound);
@@ -1046,7 +1023,6 @@ START_TEST(test_wait_fleet)
 	ck_assert_msg((double)g <= bound, "granted %ld > bound %.0f", g, bound);
 	/* Generous: waits sleep, and the machine is shared. */
 	ck_assert_msg((double)g >= 0.5 * made, "granted %ld < half of %.0f", g, made);
-	munmap(t, RPROCS * sizeof(*t));
 }
 END_TEST
 
