@@ -1021,8 +1021,10 @@ START_TEST(test_wait_fleet)
 	fflush(stdout);
 	ck_assert_int_eq(e, 0);
 	ck_assert_msg((double)g <= bound, "granted %ld > bound %.0f", g, bound);
-	/* Generous: waits sleep, and the machine is shared. */
-	ck_assert_msg((double)g >= 0.5 * made, "granted %ld < half of %.0f", g, made);
+	/* Generous: waits sleep, and the machine is shared.  Memcheck runs
+	 * the fleet's threads one at a time: only the bound holds there. */
+	if (!TBT_ON_VALGRIND)
+		ck_assert_msg((double)g >= 0.5 * made, "granted %ld < half of %.0f", g, made);
 }
 END_TEST
 
