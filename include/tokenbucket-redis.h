@@ -256,17 +256,23 @@ struct tokenbucket_redis_lease;
  * doubles when a chunk lasts less than window_ns / 2, and goes back to
  * the start when the key is quiet; the next chunk is asked for when fewer
  * than half a chunk are left, so that callers rarely find none.  While
- * other clients drain the shared bucket, a lease takes what is there at
- * most every window_ns / 4.  The
+ * other clients drain the shared bucket, a lease takes what is there
+ * every window_ns / 4 on average (each turn drawn from 1/8 to 3/8 of
+ * window_ns).  The
  * lease holds at most 2 * cap tokens.  Tokens not used go back to the
  * shared bucket (TOKENBUCKET_REDIS_REFUND) when a whole window passes
  * without a call, and at tokenbucket_redis_lease_close.  A grant of the
  * client's local fallback is never taken as a lease.  Other processes and
- * keys without a lease share the same bucket call by call.  r must
- * outlive the lease; close every lease before the client.
- * -EINVAL: lp, r or lim NULL, key NULL with keylen > 0, share NaN, not in
- * (0, 1], window_ns <= 0, a bad rate, or cap 0.  -ERANGE: burst above
- * TOKENBUCKET_BURST_MAX.  -ENOMEM, -EAGAIN (no thread).
+ * keys without a lease share the same bucket call by call.  A lease still
+ * open at tokenbucket_redis_close gives everything back then and refuses
+ * every later call with -ESHUTDOWN; tokenbucket_redis_lease_close still
+ * frees it.  -EINVAL: lp, r or lim NULL, key NULL with keylen > 0, share
+ * NaN or not in (0, 1], window_ns <= 0, a bad rate, or cap 0 (share *
+ * burst or the window's tokens below 1).  -ERANGE: burst above
+ * TOKENBUCKET_BURST_MAX, window_ns above an hour, or the rate making a
+ * burst or more in 3/8 of window_ns (a contended lease's turns may be
+ * that far apart; the bucket would drop what it makes meanwhile).  -ENOMEM,
+ * -EAGAIN (no thread).
  */
 TOKENBUCKET_API int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp,
 						 struct tokenbucket_redis *r, const void *key,
@@ -283,25 +289,84 @@ TOKENBUCKET_API int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease 
  * the lease's next turn at a shared bucket that other clients drain).  n above cap goes to Redis call by call
  * (tokenbucket_redis_allow).  res->remaining is the tokens held locally.
  * res may be NULL.  0, or -EINVAL (l NULL), or for n above cap what
- * tokenbucket_redis_allow returns.
+ * tokenbucket_redis_allow returns (-ESHUTDOWN after the client closed).
  */
 TOKENBUCKET_API int tokenbucket_redis_lease_allow(struct tokenbucket_redis_lease *l, uint64_t n,
 						  struct tokenbucket_result *res);
 /*
  * Since 1.2.  *tokens: the whole tokens the lease holds now, unused.
  * Returns 0, or the error of the latest round trip while it stands
- * (callers are refused until Redis answers again); -EINVAL: a NULL
- * argument.
+ * (callers are refused until Redis answers again), -ESHUTDOWN once the
+ * client closed; -EINVAL: a NULL argument.
  */
 TOKENBUCKET_API int tokenbucket_redis_lease_tokens(struct tokenbucket_redis_lease *l,
 						   uint64_t *tokens);
 /*
  * Since 1.2.  Stops the lease's thread, gives its unused tokens back to the
- * shared bucket and frees l (NULL: nothing, 0).  No other call on l may be
- * running.  0, or the give-back's error (the tokens are then lost to every
- * client until the rate makes them again; the limit is kept).
+ * shared bucket (with those of reservations still queued, which end) and
+ * frees l (NULL: nothing, 0).  No other call on l may be running, nor
+ * tokenbucket_redis_close on its client.  0, or the give-back's error (the
+ * tokens are then lost to every client until the rate makes them again;
+ * the limit is kept).  After the client closed: frees l, 0.
  */
 TOKENBUCKET_API int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease *l);
+/*
+ * Since 1.2.  Go's ReserveN on a lease: n tokens from those it holds, or
+ * queued for the lease's next refills (first come, first covered).  The
+ * tokens are the caller's only once covered: when *rv comes back with
+ * rv->ticket 0 (covered at once), or once tokenbucket_redis_lease_missing
+ * says 0.  rv->time_to_act (tokenbucket_now()'s clock) is then an
+ * estimate, never a promise: what the key's full rate needs to make the
+ * tokens queued up to this reservation, after a round trip; contention or
+ * a server fault make it later, a full shared bucket earlier.  max_wait
+ * bounds that estimate.  On error nothing is taken.  -EINVAL: l or rv
+ * NULL.  -E2BIG: n above the lease's cap (reserve through
+ * tokenbucket_redis_reserve instead).  -ETIMEDOUT: the estimate exceeds
+ * max_wait (always with max_wait < 0; with rate 0, unless the tokens are
+ * held).  -ENOMEM.  -ESHUTDOWN: the client was closed.
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_reserve(struct tokenbucket_redis_lease *l,
+						    uint64_t n, int64_t max_wait,
+						    struct tokenbucket_reservation *rv);
+/*
+ * Since 1.2.  *missing: the tokens reservation rv of lease l still lacks;
+ * 0 means go.  -EINVAL: a NULL argument, or rv not made by l.
+ * -ESHUTDOWN: the client was closed (a reservation queued then is never
+ * covered: *missing stays above 0).
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_missing(struct tokenbucket_redis_lease *l,
+						    const struct tokenbucket_reservation *rv,
+						    uint64_t *missing);
+/*
+ * Since 1.2.  Gives back exactly the tokens reservation rv took, covered or
+ * not, whatever the time (unlike tokenbucket_cancel: time_to_act is only an
+ * estimate here): the part its refills gave it goes to the reservations
+ * queued after it, then to the lease, and what the lease has no room for
+ * to the shared bucket at its next give-back.  rv->tokens becomes 0, so a
+ * second cancel gives nothing; the caller must not have used the tokens
+ * (a copy of rv cancelled twice gives twice, as with the core).  After the
+ * client closed, nothing is given (all went back then).  -EINVAL: l or rv
+ * NULL, or rv not made by l.
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_cancel(struct tokenbucket_redis_lease *l,
+						   struct tokenbucket_reservation *rv);
+/*
+ * Since 1.2.  Go's WaitN on a lease: reserves n tokens as
+ * tokenbucket_redis_lease_reserve does, then sleeps (never spinning) until
+ * the lease's refills cover them.  deadline is absolute on
+ * tokenbucket_now()'s clock (TOKENBUCKET_NEVER: none); cancel_fd becomes
+ * readable (or hangs up) to cancel, or is -1.  A wait that fails takes
+ * nothing: its reservation is cancelled.  0: the tokens are taken.
+ * -EINVAL: l NULL.  -ETIMEDOUT: the estimate is past the deadline (nothing
+ * reserved), or the deadline came first.  -ECANCELED: cancel_fd readable
+ * or hung up, on entry or while sleeping.  -EBADF: cancel_fd not open, on
+ * entry or while sleeping (noticed within 50 ms).  n above cap: what
+ * tokenbucket_redis_wait returns on the lease's key.  -ENOMEM,
+ * -ESHUTDOWN as for tokenbucket_redis_lease_reserve; -EMFILE, -ENFILE (no
+ * eventfd to sleep on).
+ */
+TOKENBUCKET_API int tokenbucket_redis_lease_wait(struct tokenbucket_redis_lease *l, uint64_t n,
+						 int64_t deadline, int cancel_fd);
 
 /* ---- Without blocking: build the command, parse the reply ---------------- */
 

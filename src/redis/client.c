@@ -13,6 +13,7 @@
 
 #include "async.h"
 #include "bridge.h"
+#include "client.h"
 #include "cluster.h"
 #include "fallback.h"
 #include "slots.h"
@@ -28,6 +29,8 @@ struct tokenbucket_redis {
 	struct tbr__fallback fallback;
 	struct tbr__bridge *bridge; /* calls pipelined by an I/O thread, or NULL */
 	_Atomic int module;         /* TOKENBUCKET_REDIS_MODULE_*, read by every call */
+	pthread_mutex_t deps_mu;    /* guards deps */
+	struct tbr__dependent *deps; /* leases still open on this client */
 };
 
 static int64_t ns_or_default(int64_t ns)
@@ -43,6 +46,7 @@ static struct tokenbucket_redis *client_new(int64_t connect_timeout_ns, int64_t 
 		return NULL;
 	tbr__node_init(&r->node);
 	tbr__fallback_init(&r->fallback);
+	pthread_mutex_init(&r->deps_mu, NULL);
 	r->connect_tv = tbr__tv_of(ns_or_default(connect_timeout_ns));
 	r->command_ns = ns_or_default(command_timeout_ns);
 	return r;
@@ -89,12 +93,46 @@ void tokenbucket_redis_close(struct tokenbucket_redis *r)
 {
 	if (r == NULL)
 		return;
+	/* Leases still open end first: their give-backs need the client. */
+	pthread_mutex_lock(&r->deps_mu);
+	while (r->deps != NULL) {
+		struct tbr__dependent *d = r->deps;
+		r->deps = d->next;
+		d->prev = d->next = NULL;
+		d->end(d);
+	}
+	pthread_mutex_unlock(&r->deps_mu);
+	pthread_mutex_destroy(&r->deps_mu);
 	tbr__bridge_close(r->bridge);
 	tbr__node_fini(&r->node);
 	tbr__cluster_close(r->cluster);
 	tbr__fallback_fini(&r->fallback);
 	free(r->prefix);
 	free(r);
+}
+
+void tbr__client_attach(struct tokenbucket_redis *r, struct tbr__dependent *d)
+{
+	pthread_mutex_lock(&r->deps_mu);
+	d->prev = NULL;
+	d->next = r->deps;
+	if (r->deps != NULL)
+		r->deps->prev = d;
+	r->deps = d;
+	pthread_mutex_unlock(&r->deps_mu);
+}
+
+void tbr__client_detach(struct tokenbucket_redis *r, struct tbr__dependent *d)
+{
+	pthread_mutex_lock(&r->deps_mu);
+	if (d->prev != NULL)
+		d->prev->next = d->next;
+	else if (r->deps == d)
+		r->deps = d->next;
+	if (d->next != NULL)
+		d->next->prev = d->prev;
+	d->prev = d->next = NULL;
+	pthread_mutex_unlock(&r->deps_mu);
 }
 
 int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r, const void *prefix, size_t len)

@@ -10,22 +10,50 @@
  * exceed those taken from the shared bucket less those given back, which
  * is the whole safety argument.
  *
+ * Reservations queue for tokens the lease does not hold yet.  Every token
+ * that lands (a refill, a cancelled reservation's covered part, held-over
+ * overflow) goes through credit(): first to the queued reservations in
+ * order, then into the local bucket up to its burst, and the rest into
+ * overflow, which the next refill or give-back takes.  So a reservation
+ * is covered only by tokens the shared bucket granted, and a cancel gives
+ * back only the tokens its reservation was given.
+ *
  * Threads: any number of callers at once (the core bucket is lock-free);
  * one refill thread per lease does every round trip, so a caller never
- * waits for Redis.  mu guards stop and the thread's sleeps; the atomics
- * are hints between callers and the thread (relaxed: a stale hint costs a
- * refill's lateness, never a token).
+ * waits for Redis.  mu guards stop and the thread's sleeps; rmu guards the
+ * queue, overflow and every addition to the local bucket (callers' takes
+ * stay lock-free: a take only widens the room an addition sees).  Lock
+ * order: the client's list of leases, then rmu; mu is never held with
+ * either.  The atomics are hints between callers and the thread (relaxed:
+ * a stale hint costs a refill's lateness, never a token).
  */
 #include <errno.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
+#include <unistd.h>
 
-#include <tokenbucket-redis.h>
+#include "client.h"
+#include "sleep.h"
+
+/* The longest window a lease takes: its sleeps and cadence stay far from overflow. */
+#define LEASE_WINDOW_MAX (INT64_C(3600) * 1000000000)
+
+/* A reservation still missing tokens, in the lease's queue. */
+struct pending {
+	struct pending *next;
+	uint64_t ticket; /* the lease's count of reservations when it was made */
+	uint64_t n;      /* reserved */
+	uint64_t need;   /* of n, still missing; 0 once covered (then off the queue) */
+	int wake_fd;     /* a waiter's eventfd, written when covered; or -1 */
+};
 
 struct tokenbucket_redis_lease {
 	struct tokenbucket_redis *r;
@@ -49,10 +77,22 @@ struct tokenbucket_redis_lease {
 	atomic_int_least64_t retry_ns; /* what a refused caller is told */
 	atomic_int err;            /* the latest round trip's error, 0 if none */
 
+	pthread_mutex_t rmu; /* guards the queue, overflow and additions to local */
+	struct pending *queue, **queue_end;
+	uint64_t missing;  /* sum of need over the queue */
+	uint64_t assigned; /* tokens credited to queued reservations (sum of n - need) */
+	uint64_t overflow; /* taken from Redis, not granted, with no room in local */
+	uint64_t tickets;  /* reservations made that missed tokens */
+	atomic_bool has_overflow;
+
+	struct tbr__dependent dep; /* on r's list while the lease is attached */
+	atomic_bool ended;         /* the client closed: r is gone, nothing lands */
+
 	/* The thread's own. */
 	uint64_t chunk;
 	int64_t last_refill;
 	int64_t next_refill; /* mono_ns: not before, after a contended one */
+	uint64_t rng;        /* xorshift64 state for the contended turns, never 0 */
 };
 
 static int64_t mono_ns(void)
@@ -81,21 +121,90 @@ static void nap(struct tokenbucket_redis_lease *l, int64_t ns)
 }
 
 /*
- * Takes every token held locally and gives it back to the shared bucket.
- * A give-back that fails loses them: it may have been applied (a timeout
- * after the server ran it), so keeping them could count them twice.  Lost
- * tokens are granted to no one, which costs others, never the limit.
+ * Hands x tokens that the shared bucket granted (or that a reservation
+ * covered by such tokens gives back) to the queued reservations in order,
+ * then to the local bucket up to its burst, and the rest to overflow.
+ * rmu held.  Callers only take from local meanwhile, so the room seen here
+ * can only grow: the refund never drops a token.
  */
-static int give_back(struct tokenbucket_redis_lease *l)
+static void credit(struct tokenbucket_redis_lease *l, uint64_t x)
 {
+	while (x > 0 && l->queue != NULL) {
+		struct pending *p = l->queue;
+		uint64_t take = p->need < x ? p->need : x;
+		p->need -= take;
+		l->missing -= take;
+		l->assigned += take;
+		x -= take;
+		if (p->need > 0)
+			break;
+		/* Covered: its tokens are the reserver's now. */
+		l->assigned -= p->n;
+		l->queue = p->next;
+		if (l->queue == NULL)
+			l->queue_end = &l->queue;
+		if (p->wake_fd >= 0) {
+			uint64_t one = 1;
+			ssize_t w = write(p->wake_fd, &one, sizeof(one));
+			(void)w; /* an eventfd write below its maximum cannot fail */
+		}
+		free(p);
+	}
+	if (x == 0)
+		return;
+	uint64_t h = held(l);
+	uint64_t room = 2 * l->cap > h ? 2 * l->cap - h : 0;
+	uint64_t put = x < room ? x : room;
+	if (put > 0)
+		tokenbucket_refund(l->local, put);
+	if (x > put) {
+		l->overflow += x - put;
+		atomic_store_explicit(&l->has_overflow, true, memory_order_relaxed);
+	}
+}
+
+/*
+ * Gives back to the shared bucket every token held locally and in
+ * overflow, and with all (the lease ends), those credited to queued
+ * reservations.  A give-back that fails loses them: it may
+ * have been applied (a timeout after the server ran it), so keeping them
+ * could count them twice.  Lost tokens are granted to no one, which costs
+ * others, never the limit.
+ */
+static int give_back(struct tokenbucket_redis_lease *l, bool all)
+{
+	pthread_mutex_lock(&l->rmu);
+	uint64_t total = l->overflow;
+	l->overflow = 0;
+	atomic_store_explicit(&l->has_overflow, false, memory_order_relaxed);
+	if (all) {
+		/* Queued reservations stay queued, never to be covered. */
+		total += l->assigned;
+		l->assigned = 0;
+	}
+	pthread_mutex_unlock(&l->rmu);
 	for (;;) {
 		uint64_t h = held(l);
-		if (h == 0)
-			return 0;
-		if (!tokenbucket_allow_at(l->local, 0, h))
-			continue; /* a caller took some meanwhile */
-		return tokenbucket_redis_refund(l->r, l->key, l->keylen, &l->lim, h);
+		if (h == 0 || tokenbucket_allow_at(l->local, 0, h)) {
+			total += h;
+			break;
+		}
+		/* a caller took some meanwhile */
 	}
+	/* In pieces of at most a burst: the server refuses more in one (2 cap may exceed it). */
+	int err = 0;
+	while (total > 0 && err == 0) {
+		uint64_t piece = total < l->lim.burst ? total : l->lim.burst;
+		err = tokenbucket_redis_refund(l->r, l->key, l->keylen, &l->lim, piece);
+		total -= piece;
+	}
+	return err;
+}
+
+/* Whether the lease should ask for more now: reservations wait, or fewer than low held. rmu held. */
+static bool short_of_tokens(struct tokenbucket_redis_lease *l)
+{
+	return l->missing > 0 || held(l) < atomic_load_explicit(&l->low, memory_order_relaxed);
 }
 
 /* One refill: a chunk sized to recent demand, within what the local bucket has room for. */
@@ -110,6 +219,20 @@ static void refill(struct tokenbucket_redis_lease *l)
 		t0 = mono_ns();
 		if (t0 < l->next_refill)
 			return; /* woken to stop, or early: the loop comes back */
+	}
+	if (atomic_load_explicit(&l->has_overflow, memory_order_relaxed)) {
+		/* Tokens already taken come before another round trip. */
+		atomic_store_explicit(&l->wanted, false, memory_order_relaxed);
+		pthread_mutex_lock(&l->rmu);
+		uint64_t x = l->overflow;
+		l->overflow = 0;
+		atomic_store_explicit(&l->has_overflow, false, memory_order_relaxed);
+		credit(l, x);
+		bool more = short_of_tokens(l);
+		pthread_mutex_unlock(&l->rmu);
+		if (!more)
+			return;
+		atomic_store_explicit(&l->wanted, true, memory_order_relaxed);
 	}
 	/* The chunk follows the client's own demand d: used up within a
 	 * window (d above chunk / window), or a caller refused, it doubles up
@@ -126,6 +249,13 @@ static void refill(struct tokenbucket_redis_lease *l)
 	uint64_t h = held(l);
 	uint64_t room = 2 * l->cap > h ? 2 * l->cap - h : 0;
 	uint64_t want = l->chunk < room ? l->chunk : room;
+	/* Queued reservations go first: at least what they miss, up to cap
+	 * (they take it, so it needs no room in local). */
+	pthread_mutex_lock(&l->rmu);
+	uint64_t queued = l->missing < l->cap ? l->missing : l->cap;
+	pthread_mutex_unlock(&l->rmu);
+	if (want < queued)
+		want = queued;
 	if (want == 0) {
 		atomic_store_explicit(&l->wanted, false, memory_order_relaxed);
 		return;
@@ -159,8 +289,15 @@ static void refill(struct tokenbucket_redis_lease *l)
 	}
 	if (contended) {
 		/* A contended key: this client's next refill waits its turn
-		 * (below), whatever it took now. */
-		l->next_refill = t1 + l->window_ns / 4;
+		 * (below), whatever it took now: a quarter window on average,
+		 * drawn from [1/8, 3/8) of it, so that the clients' turns do
+		 * not lock into one order (a lease that always comes first
+		 * after the longest gap would take most of every round). */
+		int64_t q = l->window_ns / 4;
+		l->rng ^= l->rng << 13;
+		l->rng ^= l->rng >> 7;
+		l->rng ^= l->rng << 17;
+		l->next_refill = t1 + q / 2 + (q > 0 ? (int64_t)(l->rng % (uint64_t)q) : 0);
 	}
 	if (!res.allowed) {
 		/* The shared bucket is empty.  Waiting for a whole chunk would
@@ -171,7 +308,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 		 * equal shares on average, at 4 polls a window each.  Nothing
 		 * waits in the shared bucket longer than that, so nothing
 		 * overflows its burst as long as the rate makes less than a
-		 * burst in a quarter window (docs/leases.md). */
+		 * burst in 3/8 of a window (docs/leases.md). */
 		atomic_store_explicit(&l->retry_ns, l->next_refill - t1, memory_order_relaxed);
 		return;
 	}
@@ -180,7 +317,12 @@ static void refill(struct tokenbucket_redis_lease *l)
 	atomic_store_explicit(&l->wanted, false, memory_order_relaxed);
 	atomic_store_explicit(&l->low, l->chunk / 2 + 1, memory_order_relaxed);
 	atomic_store_explicit(&l->retry_ns, t1 - t0, memory_order_relaxed);
-	tokenbucket_refund(l->local, want);
+	pthread_mutex_lock(&l->rmu);
+	credit(l, want);
+	bool more = l->missing > 0;
+	pthread_mutex_unlock(&l->rmu);
+	if (more) /* queued reservations took it all: go on */
+		atomic_store_explicit(&l->wanted, true, memory_order_relaxed);
 	l->last_refill = t1;
 }
 
@@ -202,7 +344,7 @@ static void *run(void *arg)
 		 * back and the next lease starts small. */
 		if (!atomic_exchange_explicit(&l->busy, false, memory_order_relaxed) && held(l) > 0) {
 			pthread_mutex_unlock(&l->mu);
-			give_back(l);
+			give_back(l, false);
 			l->chunk = l->floor;
 			l->last_refill = 0;
 			atomic_store_explicit(&l->low, l->chunk / 2 + 1, memory_order_relaxed);
@@ -216,12 +358,20 @@ static void *run(void *arg)
 /* Frees what lease_open made; the thread, if any, has been joined. */
 static void lease_free(struct tokenbucket_redis_lease *l)
 {
+	while (l->queue != NULL) {
+		struct pending *p = l->queue;
+		l->queue = p->next;
+		free(p);
+	}
+	pthread_mutex_destroy(&l->rmu);
 	pthread_cond_destroy(&l->cv);
 	pthread_mutex_destroy(&l->mu);
 	tokenbucket_free(l->local);
 	free(l->key);
 	free(l);
 }
+
+static void lease_end(struct tbr__dependent *d);
 
 int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tokenbucket_redis *r,
 				 const void *key, size_t keylen,
@@ -231,7 +381,13 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	if (lp == NULL || r == NULL || lim == NULL || (key == NULL && keylen > 0) || isnan(share) ||
 	    share <= 0 || share > 1 || window_ns <= 0 || (lim->tokens > 0 && lim->period_ns <= 0))
 		return -EINVAL;
-	if (lim->burst > TOKENBUCKET_BURST_MAX)
+	if (lim->burst > TOKENBUCKET_BURST_MAX || window_ns > LEASE_WINDOW_MAX)
+		return -ERANGE;
+	/* Tokens wait in the shared bucket up to 3/8 of a window between a
+	 * contended lease's takes: the rate must make less than a burst in
+	 * that time, or the bucket drops what the fleet was owed. */
+	if (lim->tokens > 0 && (long double)lim->tokens * (long double)window_ns * 3 / 8 >=
+				       (long double)lim->burst * (long double)lim->period_ns)
 		return -ERANGE;
 	/* cap: share of the burst, and what the rate makes in a window. */
 	uint64_t cap = (uint64_t)floorl((long double)share * (long double)lim->burst);
@@ -252,6 +408,8 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	pthread_cond_init(&l->cv, &ca);
 	pthread_condattr_destroy(&ca);
 	pthread_mutex_init(&l->mu, NULL);
+	pthread_mutex_init(&l->rmu, NULL);
+	l->queue_end = &l->queue;
 	l->key = malloc(keylen > 0 ? keylen : 1);
 	int err = l->key == NULL ? -ENOMEM : 0;
 	if (err == 0) {
@@ -272,17 +430,22 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	l->floor = cap / 64 > 0 ? cap / 64 : 1;
 	l->chunk = l->floor;
 	l->window_ns = window_ns;
+	l->rng = ((uint64_t)(uintptr_t)l ^ (uint64_t)mono_ns()) | 1;
 	atomic_init(&l->wanted, true); /* the first lease is taken at once */
 	atomic_init(&l->busy, true);
 	atomic_init(&l->starved, false);
 	atomic_init(&l->low, l->chunk / 2 + 1);
 	atomic_init(&l->retry_ns, 0);
 	atomic_init(&l->err, 0);
+	atomic_init(&l->has_overflow, false);
+	atomic_init(&l->ended, false);
 	err = -pthread_create(&l->thread, NULL, run, l);
 	if (err != 0) {
 		lease_free(l);
 		return err;
 	}
+	l->dep.end = lease_end;
+	tbr__client_attach(r, &l->dep);
 	*lp = l;
 	return 0;
 }
@@ -294,6 +457,8 @@ int tokenbucket_redis_lease_allow(struct tokenbucket_redis_lease *l, uint64_t n,
 		return -EINVAL;
 	if (n > l->cap) {
 		/* More than a lease holds: decided by Redis, call by call. */
+		if (atomic_load_explicit(&l->ended, memory_order_acquire))
+			return -ESHUTDOWN;
 		return tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, n, res);
 	}
 	struct tokenbucket_result lr;
@@ -330,16 +495,284 @@ int tokenbucket_redis_lease_tokens(struct tokenbucket_redis_lease *l, uint64_t *
 	return atomic_load_explicit(&l->err, memory_order_relaxed);
 }
 
-int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease *l)
+/* Stops the thread; the lease may then give back and be freed. */
+static void stop_thread(struct tokenbucket_redis_lease *l)
 {
-	if (l == NULL)
-		return 0;
 	pthread_mutex_lock(&l->mu);
 	l->stop = true;
 	pthread_cond_signal(&l->cv);
 	pthread_mutex_unlock(&l->mu);
 	pthread_join(l->thread, NULL);
-	int err = give_back(l);
+}
+
+/*
+ * tokenbucket_redis_close on a lease still open: everything the lease holds
+ * goes back and it lets go of the client; l stays allocated, refusing
+ * every call, until tokenbucket_redis_lease_close frees it.
+ */
+static void lease_end(struct tbr__dependent *d)
+{
+	struct tokenbucket_redis_lease *l = (struct tokenbucket_redis_lease *)((char *)d -
+						offsetof(struct tokenbucket_redis_lease, dep));
+	stop_thread(l);
+	give_back(l, true);
+	atomic_store_explicit(&l->err, -ESHUTDOWN, memory_order_relaxed);
+	atomic_store_explicit(&l->ended, true, memory_order_release);
+}
+
+int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease *l)
+{
+	if (l == NULL)
+		return 0;
+	int err = 0;
+	if (!atomic_load_explicit(&l->ended, memory_order_acquire)) {
+		tbr__client_detach(l->r, &l->dep);
+		stop_thread(l);
+		err = give_back(l, true);
+	}
 	lease_free(l);
+	return err;
+}
+
+/* Whole tokens of need, at the key's full rate, in ns: a lower bound of the refills' time. */
+static int64_t refill_time(const struct tokenbucket_redis_lease *l, uint64_t need)
+{
+	if (l->lim.tokens == 0)
+		return TOKENBUCKET_NEVER;
+	long double t = ceill((long double)need * (long double)l->lim.period_ns /
+			      (long double)l->lim.tokens);
+	return t >= (long double)(TOKENBUCKET_NEVER / 2) ? TOKENBUCKET_NEVER : (int64_t)t;
+}
+
+/* Asks the thread for a refill now, and for a larger chunk. */
+static void ask(struct tokenbucket_redis_lease *l)
+{
+	atomic_store_explicit(&l->starved, true, memory_order_relaxed);
+	if (!atomic_exchange_explicit(&l->wanted, true, memory_order_relaxed)) {
+		pthread_mutex_lock(&l->mu);
+		pthread_cond_signal(&l->cv);
+		pthread_mutex_unlock(&l->mu);
+	}
+}
+
+/*
+ * The reservation of tokenbucket_redis_lease_reserve; with wake_fd
+ * non-NULL, a reservation that must queue gets an eventfd written when it
+ * is covered (*wake_fd, else -1).
+ */
+static int reserve(struct tokenbucket_redis_lease *l, uint64_t n, int64_t max_wait,
+		   struct tokenbucket_reservation *rv, int *wake_fd)
+{
+	if (wake_fd != NULL)
+		*wake_fd = -1;
+	if (atomic_load_explicit(&l->ended, memory_order_acquire))
+		return -ESHUTDOWN;
+	if (n > l->cap)
+		return -E2BIG;
+	if (max_wait < 0)
+		return -ETIMEDOUT;
+	int64_t now = tokenbucket_now();
+	atomic_store_explicit(&l->busy, true, memory_order_relaxed);
+	pthread_mutex_lock(&l->rmu);
+	/* Nobody queued: the tokens held serve at once, as an allow would. */
+	if (l->missing == 0 && (n == 0 || tokenbucket_allow_at(l->local, 0, n))) {
+		pthread_mutex_unlock(&l->rmu);
+		*rv = (struct tokenbucket_reservation){ .time_to_act = now, .tokens = n };
+		if (held(l) < atomic_load_explicit(&l->low, memory_order_relaxed))
+			ask(l);
+		return 0;
+	}
+	/* Behind those queued (tokens land for them first), then the rate. */
+	uint64_t h = l->missing == 0 ? held(l) : 0;
+	h = h < n ? h : n;
+	int64_t rt = atomic_load_explicit(&l->retry_ns, memory_order_relaxed);
+	int64_t est = refill_time(l, l->missing + n - h);
+	if (est != TOKENBUCKET_NEVER)
+		est += rt > 0 ? rt : 0;
+	if (est > max_wait) {
+		pthread_mutex_unlock(&l->rmu);
+		return -ETIMEDOUT;
+	}
+	struct pending *p = malloc(sizeof(*p));
+	int fd = -1;
+	int err = p == NULL ? -ENOMEM : 0;
+	if (err == 0 && wake_fd != NULL) {
+		fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		err = fd < 0 ? -errno : 0;
+	}
+	if (err != 0) {
+		pthread_mutex_unlock(&l->rmu);
+		free(p);
+		return err;
+	}
+	/* What local holds now is this reservation's first part. */
+	while (h > 0 && !tokenbucket_allow_at(l->local, 0, h)) {
+		uint64_t now_held = held(l);
+		h = now_held < h ? now_held : h;
+	}
+	*p = (struct pending){ .ticket = ++l->tickets, .n = n, .need = n - h, .wake_fd = fd };
+	if (p->need == 0) {
+		/* A caller's take freed nothing, but refills may have landed meanwhile. */
+		pthread_mutex_unlock(&l->rmu);
+		free(p);
+		if (fd >= 0)
+			close(fd);
+		*rv = (struct tokenbucket_reservation){ .time_to_act = now, .tokens = n };
+		return 0;
+	}
+	l->missing += p->need;
+	l->assigned += h;
+	*l->queue_end = p;
+	l->queue_end = &p->next;
+	uint64_t ticket = p->ticket;
+	pthread_mutex_unlock(&l->rmu);
+	ask(l);
+	if (wake_fd != NULL)
+		*wake_fd = fd;
+	*rv = (struct tokenbucket_reservation){
+		.time_to_act = est >= TOKENBUCKET_NEVER - now ? TOKENBUCKET_NEVER - 1 : now + est,
+		.tokens = n,
+		.ticket = ticket,
+	};
+	return 0;
+}
+
+int tokenbucket_redis_lease_reserve(struct tokenbucket_redis_lease *l, uint64_t n,
+				    int64_t max_wait, struct tokenbucket_reservation *rv)
+{
+	if (l == NULL || rv == NULL)
+		return -EINVAL;
+	return reserve(l, n, max_wait, rv, NULL);
+}
+
+/* The queued reservation with ticket t, or NULL (covered, or never queued).  rmu held. */
+static struct pending **find(struct tokenbucket_redis_lease *l, uint64_t t)
+{
+	struct pending **pp = &l->queue;
+	while (*pp != NULL && (*pp)->ticket != t)
+		pp = &(*pp)->next;
+	return *pp != NULL ? pp : NULL;
+}
+
+int tokenbucket_redis_lease_missing(struct tokenbucket_redis_lease *l,
+				    const struct tokenbucket_reservation *rv, uint64_t *missing)
+{
+	if (l == NULL || rv == NULL || missing == NULL)
+		return -EINVAL;
+	if (rv->ticket > 0) {
+		pthread_mutex_lock(&l->rmu);
+		bool bad = rv->ticket > l->tickets;
+		struct pending **pp = bad ? NULL : find(l, rv->ticket);
+		*missing = pp != NULL ? (*pp)->need : 0;
+		pthread_mutex_unlock(&l->rmu);
+		if (bad)
+			return -EINVAL;
+	} else {
+		*missing = 0;
+	}
+	return atomic_load_explicit(&l->ended, memory_order_acquire) ? -ESHUTDOWN : 0;
+}
+
+/* The cancel of tokenbucket_redis_lease_cancel. */
+static int cancel(struct tokenbucket_redis_lease *l, struct tokenbucket_reservation *rv)
+{
+	if (rv->tokens == 0)
+		return 0;
+	if (rv->tokens > l->cap)
+		return -EINVAL;
+	pthread_mutex_lock(&l->rmu);
+	if (rv->ticket > l->tickets) {
+		pthread_mutex_unlock(&l->rmu);
+		return -EINVAL;
+	}
+	uint64_t back = rv->tokens;
+	struct pending **pp = rv->ticket > 0 ? find(l, rv->ticket) : NULL;
+	if (pp != NULL) {
+		/* Still queued: only what it was given goes back; what it
+		 * missed was never taken from anyone. */
+		struct pending *p = *pp;
+		back = p->n - p->need;
+		l->missing -= p->need;
+		l->assigned -= back;
+		*pp = p->next;
+		if (l->queue_end == &p->next)
+			l->queue_end = pp;
+		free(p);
+	}
+	rv->tokens = 0;
+	/* After the client closed, everything went back already: nothing lands. */
+	if (!atomic_load_explicit(&l->ended, memory_order_acquire))
+		credit(l, back);
+	pthread_mutex_unlock(&l->rmu);
+	return 0;
+}
+
+int tokenbucket_redis_lease_cancel(struct tokenbucket_redis_lease *l,
+				   struct tokenbucket_reservation *rv)
+{
+	if (l == NULL || rv == NULL)
+		return -EINVAL;
+	return cancel(l, rv);
+}
+
+int tokenbucket_redis_lease_wait(struct tokenbucket_redis_lease *l, uint64_t n, int64_t deadline,
+				 int cancel_fd)
+{
+	if (l == NULL)
+		return -EINVAL;
+	int err = tb__cancel_check(cancel_fd);
+	if (err != 0)
+		return err;
+	if (n > l->cap) {
+		if (atomic_load_explicit(&l->ended, memory_order_acquire))
+			return -ESHUTDOWN;
+		return tokenbucket_redis_wait(l->r, l->key, l->keylen, &l->lim, n, deadline,
+					      cancel_fd);
+	}
+	struct tokenbucket_reservation rv;
+	int wake;
+	err = reserve(l, n, tb__max_wait_until(deadline, tokenbucket_now()), &rv, &wake);
+	if (err != 0 || wake < 0)
+		return err;
+	for (;;) {
+		pthread_mutex_lock(&l->rmu);
+		bool queued = find(l, rv.ticket) != NULL;
+		pthread_mutex_unlock(&l->rmu);
+		if (!queued)
+			break; /* covered */
+		int64_t now = tokenbucket_now();
+		if (deadline != TOKENBUCKET_NEVER && now >= deadline) {
+			err = -ETIMEDOUT;
+			break;
+		}
+		/* Sleep until covered, the deadline or a cancel; in slices
+		 * with a cancel_fd, so that its closing is noticed. */
+		int64_t left = deadline == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : deadline - now;
+		if (cancel_fd >= 0 && left > TB__CANCEL_SLICE_NS)
+			left = TB__CANCEL_SLICE_NS;
+		struct timespec ts = tb__timespec_of(left);
+		struct pollfd pfd[2] = { { .fd = wake, .events = POLLIN },
+					 { .fd = cancel_fd, .events = POLLIN } };
+		int ready = ppoll(pfd, cancel_fd >= 0 ? 2 : 1,
+				  left == TOKENBUCKET_NEVER ? NULL : &ts, NULL);
+		if (ready < 0 && errno != EINTR) {
+			err = -errno;
+			break;
+		}
+		if (ready > 0 && cancel_fd >= 0) {
+			if (pfd[1].revents & POLLNVAL) {
+				err = -EBADF;
+				break;
+			}
+			if (pfd[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+				err = -ECANCELED;
+				break;
+			}
+		}
+	}
+	/* Covered meanwhile or not, a failed wait takes nothing. */
+	if (err != 0)
+		cancel(l, &rv);
+	close(wake);
 	return err;
 }

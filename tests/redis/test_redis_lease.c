@@ -3,7 +3,8 @@
  * Leases against a real server: the give-back is exact, a quiet key gives
  * its tokens back, and a fleet of 4 processes x 4 threads on one hot key
  * at 10^6 tokens/s keeps the limit (docs/leases.md) through a SIGKILL and
- * a Redis restart.
+ * a Redis restart; reserve, cancel and wait on a lease give and give back
+ * exactly; a client closed with leases open takes them down cleanly.
  */
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -14,13 +15,16 @@
 #ifndef TBT_ON_VALGRIND
 #define TBT_ON_VALGRIND 0
 #endif
+#include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -572,6 +576,465 @@ START_TEST(test_rate_change)
 }
 END_TEST
 
+/* ---- Reserve, cancel, wait ------------------------------------------------ */
+
+/* Waits (at most 10 s) until rv is covered; its last missing count. */
+static uint64_t await_covered(struct tokenbucket_redis_lease *l,
+			      const struct tokenbucket_reservation *rv)
+{
+	uint64_t m = 1;
+	for (int i = 0; i < 1000 && m > 0; i++) {
+		ck_assert_int_eq(tokenbucket_redis_lease_missing(l, rv, &m), 0);
+		if (m > 0)
+			sleep_ns(10 * MS);
+	}
+	return m;
+}
+
+/* Rate 0: the shared level after close says exactly what was granted. */
+START_TEST(test_reserve_cancel)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("rc"), &lim, 0.5, SEC), 0);
+	await_tokens(l);
+	struct tokenbucket_reservation a, b, c, d;
+	/* Held: taken at once, as an allow. */
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, 0, &a), 0);
+	ck_assert_uint_eq(a.ticket, 0);
+	ck_assert_uint_eq(a.tokens, 1);
+	uint64_t m = 9;
+	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &a, &m), 0);
+	ck_assert_uint_eq(m, 0);
+	/* More than held at rate 0: never, unless the caller accepts never. */
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 500, 10 * SEC, &b), -ETIMEDOUT);
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, -1, &b), -ETIMEDOUT);
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 501, TOKENBUCKET_NEVER, &b), -E2BIG);
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 500, TOKENBUCKET_NEVER, &b), 0);
+	ck_assert_uint_eq(b.tokens, 500);
+	/* Covered by refills (the shared bucket holds enough). */
+	ck_assert_uint_eq(await_covered(l, &b), 0);
+	/* c queues behind what is left: 1000 - 1 - 500 cannot make d's and c's 500 + 500. */
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 400, TOKENBUCKET_NEVER, &c), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 300, TOKENBUCKET_NEVER, &d), 0);
+	ck_assert_uint_gt(d.ticket, 0);
+	/* Wait until the shared bucket is drained into the lease: d cannot be whole. */
+	double v = -1;
+	for (int i = 0; i < 1000; i++) {
+		ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rc"), &lim, &v, NULL), 0);
+		if (v == 0)
+			break;
+		sleep_ns(10 * MS);
+	}
+	ck_assert(v == 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &d, &m), 0);
+	ck_assert_uint_gt(m, 0); /* 1000 - 1 - 500 - 400 = 99 for d at most */
+	/* c, covered or not, gives back what it took: those go to d first. */
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &c), 0);
+	ck_assert_uint_eq(c.tokens, 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &c), 0); /* gives nothing */
+	ck_assert_uint_eq(await_covered(l, &d), 0);
+	/* The allow of the held token a made, given back whole too. */
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &a), 0);
+	/* Bad input. */
+	struct tokenbucket_reservation bad = { .tokens = 1, .ticket = 1000 };
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &bad), -EINVAL);
+	bad = (struct tokenbucket_reservation){ .tokens = 501 };
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &bad), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &bad, NULL), -EINVAL);
+	bad = (struct tokenbucket_reservation){ .tokens = 1, .ticket = 1000 };
+	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &bad, &m), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(NULL, 1, 0, &a), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, 0, NULL), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(NULL, &a), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, NULL), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(NULL, 1, TOKENBUCKET_NEVER, -1), -EINVAL);
+	/* Granted: b and d, 800.  Everything else is back after close. */
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rc"), &lim, &v, NULL), 0);
+	ck_assert_msg(v == 1000 - 800, "level %.17g", v);
+}
+END_TEST
+
+/* A reservation queued at close: the tokens refills gave it go back too. */
+START_TEST(test_close_with_queued)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 100 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("cq"), &lim, 1, SEC), 0);
+	await_tokens(l);
+	struct tokenbucket_reservation a, b;
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 90, TOKENBUCKET_NEVER, &a), 0);
+	ck_assert_uint_eq(await_covered(l, &a), 0);
+	/* b gets the last 10 at most: it never is whole. */
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 20, TOKENBUCKET_NEVER, &b), 0);
+	uint64_t m = 0;
+	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &b, &m), 0);
+	ck_assert_uint_gt(m, 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	double v = -1;
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cq"), &lim, &v, NULL), 0);
+	ck_assert_msg(v == 10, "level %.17g", v);
+}
+END_TEST
+
+/* The client closed first: the lease gives everything back, then refuses. */
+START_TEST(test_client_closed_first)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis *r;
+	ck_assert_int_eq(tokenbucket_redis_open(&r, srv.url, SEC, SEC), 0);
+	struct tokenbucket_redis_lease *l, *l2;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, r, KEY("cc"), &lim, 1, SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l2, r, KEY("cc2"), &lim, 0.5, SEC), 0);
+	await_tokens(l);
+	struct tokenbucket_reservation a, b;
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 400, TOKENBUCKET_NEVER, &a), 0);
+	ck_assert_uint_eq(await_covered(l, &a), 0);
+	/* 700 of the 600 left: b is never whole. */
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 700, TOKENBUCKET_NEVER, &b), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l2), 0); /* one closed before */
+	tokenbucket_redis_close(r);
+	/* Everything but a's 400 is back, b's share included. */
+	double v = -1;
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc"), &lim, &v, NULL), 0);
+	ck_assert_msg(v == 600, "level %.17g", v);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc2"), &lim, &v, NULL), 0);
+	ck_assert(v == 1000);
+	/* Every call refuses, none touches the freed client. */
+	struct tokenbucket_result res;
+	uint64_t h = 9;
+	ck_assert_int_eq(tokenbucket_redis_lease_tokens(l, &h), -ESHUTDOWN);
+	ck_assert_uint_eq(h, 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1001, &res), -ESHUTDOWN);
+	struct tokenbucket_reservation c;
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, TOKENBUCKET_NEVER, &c), -ESHUTDOWN);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1001, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
+	uint64_t m = 0;
+	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &b, &m), -ESHUTDOWN);
+	ck_assert_uint_gt(m, 0); /* never covered */
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &a), 0); /* gives nothing */
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc"), &lim, &v, NULL), 0);
+	ck_assert_msg(v == 600, "level %.17g", v);
+}
+END_TEST
+
+/* The limits of a lease: the rate must not make a burst in a quarter window. */
+START_TEST(test_open_ranges)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
+	struct tokenbucket_redis_lease *l = NULL;
+	/* 3/8 of 267 ms makes 100.1 tokens, a burst: refused; of 266 ms, 99.75. */
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 267 * MS),
+			 -ERANGE);
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 266 * MS), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	const struct tokenbucket_redis_limit zero = { .tokens = 0, .period_ns = 1, .burst = 100 };
+	l = NULL;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &zero, 0.5,
+						      3601 * SEC), -ERANGE);
+	/* share x burst below a token. */
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &zero, 0.001, SEC),
+			 -EINVAL);
+	ck_assert_ptr_null(l);
+}
+END_TEST
+
+static void *write_later(void *arg)
+{
+	int fd = *(int *)arg;
+	sleep_ns(100 * MS);
+	uint64_t one = 1;
+	ck_assert_int_eq(write(fd, &one, sizeof(one)), sizeof(one));
+	return NULL;
+}
+
+static void *close_later(void *arg)
+{
+	int fd = *(int *)arg;
+	sleep_ns(100 * MS);
+	close(fd);
+	return NULL;
+}
+
+/* A shared bucket kept empty: 1 token per 1000 s. */
+START_TEST(test_wait_cancel)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 1000 * SEC,
+						     .burst = 10 };
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("w"), &lim, 10, &res), 0);
+	ck_assert(res.allowed);
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("w"), &lim, 1, 3600 * SEC), 0);
+	/* The estimate is 1000 s: a nearer deadline refuses at once. */
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, tokenbucket_now() + SEC, -1),
+			 -ETIMEDOUT);
+	int efd = eventfd(0, EFD_CLOEXEC);
+	ck_assert_int_ge(efd, 0);
+	/* Cancelled while sleeping, and on entry. */
+	pthread_t th;
+	ck_assert_int_eq(pthread_create(&th, NULL, write_later, &efd), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, efd), -ECANCELED);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, efd), -ECANCELED);
+	/* Closed while sleeping, and on entry. */
+	int efd2 = eventfd(0, EFD_CLOEXEC);
+	ck_assert_int_ge(efd2, 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, close_later, &efd2), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, efd2), -EBADF);
+	pthread_join(th, NULL);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, efd2), -EBADF);
+	close(efd);
+	/* Nothing was taken: the queue is empty, the lease holds nothing. */
+	uint64_t h = 9;
+	ck_assert_int_eq(tokenbucket_redis_lease_tokens(l, &h), 0);
+	ck_assert_uint_eq(h, 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+}
+END_TEST
+
+/* The deadline comes before the tokens: 100 tokens/s, a debt of a second. */
+START_TEST(test_wait_deadline)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 10 * MS,
+						     .burst = 100 };
+	struct tokenbucket_reservation rv;
+	ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("wd"), &lim, 100, TOKENBUCKET_NEVER, &rv,
+						   NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("wd"), &lim, 100, TOKENBUCKET_NEVER, &rv,
+						   NULL), 0);
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("wd"), &lim, 0.5, 200 * MS), 0);
+	/* Estimated 50 ms (and a round trip), there in a second or more:
+	 * -ETIMEDOUT at the deadline, or at once if the round trip was slow. */
+	int64_t t = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 5, t + 100 * MS, -1), -ETIMEDOUT);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 5, t - 1, -1), -ETIMEDOUT);
+	/* Then the tokens come: a wait without deadline gets them. */
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 5, TOKENBUCKET_NEVER, -1), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+}
+END_TEST
+
+/*
+ * Fleets of RPROCS processes x RTHREADS threads on one lease each, every
+ * thread running a worker until a common time; what each process granted
+ * is summed in shared memory.
+ */
+#define RPROCS 3
+#define RTHREADS 3
+
+struct rtally {
+	atomic_long granted;
+	atomic_long errors;
+};
+
+struct rworker {
+	struct tokenbucket_redis_lease *l;
+	struct rtally *t;
+	int64_t until;
+	unsigned seed; /* per thread */
+	uint64_t n;    /* per thread: 1 to 7 */
+};
+
+struct rfleet {
+	const char *key;
+	struct tokenbucket_redis_limit lim;
+	double share;
+	int64_t window;
+	void *(*work)(void *); /* on a struct rworker */
+	int64_t start, until;
+	struct rtally *t; /* RPROCS of them, shared */
+};
+
+/* One process of the fleet: half of them leave their leases to the client's close. */
+static _Noreturn void rprocess(const struct rfleet *f, int i)
+{
+	struct tokenbucket_redis *r;
+	struct tokenbucket_redis_lease *l;
+	if (tokenbucket_redis_open(&r, srv.url, SEC, SEC) != 0 ||
+	    tokenbucket_redis_lease_open(&l, r, f->key, strlen(f->key), &f->lim, f->share,
+					 f->window) != 0)
+		_exit(2);
+	while (tokenbucket_now() < f->start)
+		sleep_ns(MS);
+	struct rworker w[RTHREADS];
+	pthread_t th[RTHREADS];
+	for (int j = 0; j < RTHREADS; j++) {
+		w[j] = (struct rworker){ .l = l, .t = &f->t[i], .until = f->until,
+					 .seed = (unsigned)(i * RTHREADS + j + 1),
+					 .n = 1 + (uint64_t)(i * RTHREADS + j) % 7 };
+		if (pthread_create(&th[j], NULL, f->work, &w[j]) != 0)
+			_exit(3);
+	}
+	for (int j = 0; j < RTHREADS; j++)
+		pthread_join(th[j], NULL);
+	int err = i % 2 ? tokenbucket_redis_lease_close(l) : 0;
+	tokenbucket_redis_close(r);
+	if (i % 2 == 0)
+		err = tokenbucket_redis_lease_close(l);
+	_exit(err == 0 ? 0 : 4);
+}
+
+/* Runs f for 1.5 s; the servers' elapsed time, the grants and the errors. */
+static int64_t run_rfleet(struct rfleet *f, long *granted, long *errors)
+{
+	f->t = mmap(NULL, RPROCS * sizeof(*f->t), PROT_READ | PROT_WRITE,
+		    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert_ptr_ne(f->t, MAP_FAILED);
+	memset(f->t, 0, RPROCS * sizeof(*f->t));
+	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
+	int64_t lead = mult != NULL && atof(mult) > 1 ? SEC : 300 * MS;
+	f->start = tokenbucket_now() + lead;
+	f->until = f->start + 1500 * MS;
+	int64_t t0 = T0();
+	pid_t pids[RPROCS];
+	for (int i = 0; i < RPROCS; i++) {
+		pids[i] = fork();
+		ck_assert_int_ge(pids[i], 0);
+		if (pids[i] == 0) {
+			tokenbucket_redis_close(cli);
+			cli = NULL;
+			rprocess(f, i);
+		}
+	}
+	for (int i = 0; i < RPROCS; i++) {
+		int status;
+		ck_assert_int_eq(waitpid(pids[i], &status, 0), pids[i]);
+		ck_assert_msg(WIFEXITED(status) && WEXITSTATUS(status) == 0, "process %d: status %d",
+			      i, status);
+	}
+	int64_t elapsed = T1() - t0;
+	*granted = *errors = 0;
+	for (int i = 0; i < RPROCS; i++) {
+		*granted += atomic_load(&f->t[i].granted);
+		*errors += atomic_load(&f->t[i].errors);
+	}
+	munmap(f->t, RPROCS * sizeof(*f->t));
+	return elapsed;
+}
+
+/* Reserves, cancels (at once, after up to 20 ms, or once covered), allows and waits. */
+static void *rwork(void *arg)
+{
+	struct rworker *w = arg;
+	long g = 0, e = 0;
+	while (tokenbucket_now() < w->until) {
+		uint64_t n = 1 + rand_r(&w->seed) % 40;
+		int what = (int)(rand_r(&w->seed) % 4);
+		struct tokenbucket_reservation rv;
+		int err = tokenbucket_redis_lease_reserve(w->l, n, TOKENBUCKET_NEVER, &rv);
+		if (err != 0) {
+			e++;
+			continue;
+		}
+		if (what == 0) {
+			e += tokenbucket_redis_lease_cancel(w->l, &rv) != 0;
+			continue;
+		}
+		/* Kept if covered within 20 ms, unless what == 1. */
+		uint64_t m = 1;
+		for (int i = 0; i < 20 && m > 0; i++) {
+			if (tokenbucket_redis_lease_missing(w->l, &rv, &m) != 0)
+				e++;
+			if (m > 0)
+				sleep_ns(MS);
+		}
+		if (m > 0 || what == 1)
+			e += tokenbucket_redis_lease_cancel(w->l, &rv) != 0;
+		else
+			g += (long)n;
+		struct tokenbucket_result res;
+		if (tokenbucket_redis_lease_allow(w->l, 2, &res) != 0)
+			e++;
+		else if (res.allowed)
+			g += 2;
+		err = tokenbucket_redis_lease_wait(w->l, 3, tokenbucket_now() + 5 * MS, -1);
+		if (err == 0)
+			g += 3;
+		else if (err != -ETIMEDOUT)
+			e++;
+	}
+	atomic_fetch_add(&w->t->granted, g);
+	atomic_fetch_add(&w->t->errors, e);
+	return NULL;
+}
+
+/*
+ * At rate 0 (a burst the fleet drains: refills contend, reservations
+ * queue): after every lease closed, the shared level is exactly burst -
+ * granted.
+ */
+START_TEST(test_reserve_fleet)
+{
+	struct rfleet f = { .key = "rf", .lim = { .tokens = 0, .period_ns = 1, .burst = 20000 },
+			    .share = 0.1, .window = 50 * MS, .work = rwork };
+	long g, e;
+	run_rfleet(&f, &g, &e);
+	double v = -1;
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rf"), &f.lim, &v, NULL), 0);
+	printf("redis lease reserve fleet: %d x %d threads, %ld granted of %" PRIu64
+	       ", level %.0f after close\n", RPROCS, RTHREADS, g, f.lim.burst, v);
+	fflush(stdout);
+	ck_assert_int_eq(e, 0);
+	ck_assert_int_gt(g, 0);
+	ck_assert_msg(v == (double)f.lim.burst - (double)g, "level %.17g after %ld granted", v, g);
+}
+END_TEST
+
+/* Waits for its n tokens until the end. */
+static void *wwork(void *arg)
+{
+	struct rworker *w = arg;
+	long g = 0, e = 0;
+	while (tokenbucket_now() < w->until) {
+		int err = tokenbucket_redis_lease_wait(w->l, w->n, w->until, -1);
+		if (err == 0)
+			g += (long)w->n;
+		else if (err != -ETIMEDOUT)
+			e++;
+	}
+	atomic_fetch_add(&w->t->granted, g);
+	atomic_fetch_add(&w->t->errors, e);
+	return NULL;
+}
+
+/*
+ * At a positive rate, waits only: granted <= burst + rate x elapsed on the
+ * servers' clock, and the rate is reached.
+ */
+START_TEST(test_wait_fleet)
+{
+	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
+	bool slow = mult != NULL && atof(mult) > 1;
+	/* 10^5 tokens/s (10^4 under a sanitizer), a burst of 100 ms of it. */
+	struct rfleet f = { .key = "wf",
+			    .lim = { .tokens = 1, .period_ns = slow ? 100000 : 10000,
+				     .burst = slow ? 1000 : 10000 },
+			    .share = 0.25, .window = 10 * MS, .work = wwork };
+	long g, e;
+	int64_t elapsed = run_rfleet(&f, &g, &e);
+	double rate = 1.0 / (double)f.lim.period_ns;
+	double bound = (double)f.lim.burst + rate * (double)elapsed;
+	double made = rate * (double)(f.until - f.start);
+	printf("redis lease wait fleet: %d x %d threads, %.0f tokens/s: %ld granted, "
+	       "%.4f of rate x run, bound %.0f (%.4f used)\n", RPROCS, RTHREADS, rate * 1e9, g,
+	       (double)g / made, bound, (double)g / bound);
+	fflush(stdout);
+	ck_assert_int_eq(e, 0);
+	ck_assert_msg((double)g <= bound, "granted %ld > bound %.0f", g, bound);
+	/* Generous: waits sleep, and the machine is shared.  Memcheck runs
+	 * the fleet's threads one at a time: only the bound holds there. */
+	if (!TBT_ON_VALGRIND)
+		ck_assert_msg((double)g >= 0.5 * made, "granted %ld < half of %.0f", g, made);
+}
+END_TEST
+
 Suite *redis_lease_suite(void)
 {
 	Suite *s = suite_create("redis-lease");
@@ -581,5 +1044,10 @@ Suite *redis_lease_suite(void)
 	redis_tcase(s, "fleet", redis_setup, 60,
 		    (const TTest *const[]){ test_fleet, test_fleet_kill, test_fleet_restart,
 					    test_rate_change, NULL });
+	redis_tcase(s, "reserve", redis_setup, 60,
+		    (const TTest *const[]){ test_reserve_cancel, test_close_with_queued,
+					    test_client_closed_first, test_open_ranges,
+					    test_wait_cancel, test_wait_deadline, test_reserve_fleet,
+					    test_wait_fleet, NULL });
 	return s;
 }

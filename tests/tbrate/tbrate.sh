@@ -239,14 +239,50 @@ start_redis() {
 	done
 }
 
+# leased N RATE BURST [tbrate options...]: N processes share one key in Redis
+# for a second, through their leases: together within BURST + RATE x elapsed
+# (the exact bound, leases or not), each of them moving bytes.
+leased() {
+	procs=$1 rate=$2 burst=$3
+	shift 3
+	t0=$(now_ns)
+	pids=
+	i=0
+	while [ $i -lt "$procs" ]; do
+		$TB -r "$rate/s" -t 1 "$@" </dev/zero >"$tmp/lease$i" &
+		pids="$pids $!"
+		i=$((i + 1))
+	done
+	for p in $pids; do
+		rc=0
+		wait "$p" || rc=$?
+		expect_rc "leases: a process at the deadline" 3 $rc
+	done
+	el=$(($(now_ns) - t0))
+	total=0
+	i=0
+	while [ $i -lt "$procs" ]; do
+		a=$(size "$tmp/lease$i")
+		[ "$a" -gt 0 ] || fail "leases: process $i made no progress"
+		total=$((total + a))
+		i=$((i + 1))
+	done
+	bound=$((burst + rate * el / 1000000000))
+	[ $total -le $bound ] || fail "leases: $procs x $rate/s: $total bytes in $((el / 1000000)) ms, bound $bound"
+	ok "leases: $procs x $rate/s: $total bytes in $((el / 1000000)) ms <= $bound"
+}
+
 group_redis() {
 	$TB --version | grep -q "Redis built in" || fail "tbrate built without Redis"
 	start_redis
 	url=redis://127.0.0.1:$port
-	two "redis" --redis "$url" --key "$name"
+	# Bytes go through leases: the small burst of the other groups, and
+	# the default (a quarter second of the rate), with three processes.
+	two "redis" -b 400 --redis "$url" --key "$name"
+	leased 3 4000000 1000000 --redis "$url" --key "$name-lease"
 	# A key idle for a second expires (it is full by then): keep it in use
 	# while another rate joins it.
-	$TB -r 20k/s --redis "$url" --key "$name" <"$tmp/big" >"$tmp/keep" 2>&1 &
+	$TB -r 20k/s -b 400 --redis "$url" --key "$name" <"$tmp/big" >"$tmp/keep" 2>&1 &
 	keeper=$!
 	i=0
 	until [ -s "$tmp/keep" ]; do

@@ -63,6 +63,15 @@ enum {
  * instead of losing them to a full bucket.
  */
 #define BURST_NS (4 * CHUNK_NS)
+/*
+ * In Redis, bytes go through a lease (docs/leases.md): the default burst is
+ * a quarter second of the rate, so that the lease takes a few chunks a
+ * second; each chunk is at most half the burst, and the lease's window is
+ * twice the burst's time, so that a contended lease takes every half burst
+ * and the shared bucket drops nothing meanwhile.
+ */
+#define REDIS_BURST_NS INT64_C(250000000)
+#define LEASE_SHARE 0.5
 /* The progress line is redrawn at most this often. */
 #define PROGRESS_NS INT64_C(200000000)
 /* Longest line in command mode (the argument that replaces {}). */
@@ -96,6 +105,9 @@ static struct {
 #ifdef TBRATE_HAVE_REDIS
 	struct tokenbucket_redis *redis;
 	struct tokenbucket_redis_limit lim;
+	struct tokenbucket_redis_lease *lease; /* bytes: decided locally */
+	uint64_t lease_cap;                    /* the most one take of it may ask */
+	int64_t lease_window;
 #endif
 	struct pending pending;
 
@@ -175,6 +187,12 @@ static uint64_t default_burst(const struct tbrate_rate *r)
 		return 1;
 	if (r->unlimited)
 		return 4 * CHUNK_MAX;
+	if (g.redis_url != NULL) {
+		/* REDIS_BURST_NS of the rate, at least 1. */
+		unsigned __int128 b = (unsigned __int128)r->tokens * REDIS_BURST_NS /
+				      (uint64_t)r->period_ns;
+		return b < 1 ? 1 : b > TOKENBUCKET_BURST_MAX ? TOKENBUCKET_BURST_MAX : (uint64_t)b;
+	}
 	/* BURST_NS worth of the rate, within [1, 4 * CHUNK_MAX]. */
 	unsigned __int128 b = (unsigned __int128)r->tokens * BURST_NS / (uint64_t)r->period_ns;
 	return b < 1 ? 1 : b > 4 * CHUNK_MAX ? 4 * CHUNK_MAX : (uint64_t)b;
@@ -196,6 +214,8 @@ static void cancel_pending(void)
 		return;
 	g.pending.active = false;
 #ifdef TBRATE_HAVE_REDIS
+	if (g.lease)
+		return; /* a lease's wait takes nothing unless it succeeds */
 	if (g.redis) {
 		(void)tokenbucket_redis_cancel(g.redis, g.key, strlen(g.key), &g.lim, &g.pending.r);
 		return;
@@ -214,6 +234,7 @@ static _Noreturn void finish(int code)
 	if (g.drawn)
 		fputc('\n', stderr);
 #ifdef TBRATE_HAVE_REDIS
+	(void)tokenbucket_redis_lease_close(g.lease); /* what it holds goes back */
 	tokenbucket_redis_close(g.redis);
 #endif
 	if (g.shared)
@@ -231,6 +252,39 @@ static struct tokenbucket_limit exact_limit(const struct tbrate_rate *r, uint64_
 	return (struct tokenbucket_limit){ r->tokens, r->period_ns, burst };
 }
 
+#ifdef TBRATE_HAVE_REDIS
+/*
+ * Bytes in Redis: a lease on the key for g.lim, replacing any before (its
+ * tokens go back).  A limit no lease can serve (a burst of a byte, a rate
+ * that makes its burst too fast) leaves the key call by call.
+ */
+static void open_lease(void)
+{
+	if (g.lease) {
+		(void)tokenbucket_redis_lease_close(g.lease);
+		g.lease = NULL;
+	}
+	if (g.mode != MODE_BYTES || g.lim.tokens == 0)
+		return;
+	/* Twice the burst's time: a quarter of it makes half a burst. */
+	long double w = 2.0L * (long double)g.lim.burst * (long double)g.lim.period_ns /
+			(long double)g.lim.tokens;
+	g.lease_window = w > 3600e9L ? INT64_C(3600000000000) : w < 1 ? 1 : (int64_t)w;
+	if (tokenbucket_redis_lease_open(&g.lease, g.redis, g.key, strlen(g.key), &g.lim,
+					 LEASE_SHARE, g.lease_window) != 0) {
+		g.lease = NULL;
+		return;
+	}
+	/* The lease's cap, as tokenbucket_redis_lease_open(3) computes it. */
+	uint64_t cap = (uint64_t)floorl((long double)LEASE_SHARE * (long double)g.lim.burst);
+	long double made = (long double)g.lim.tokens * (long double)g.lease_window /
+			   (long double)g.lim.period_ns;
+	if (made < (long double)cap)
+		cap = (uint64_t)floorl(made);
+	g.lease_cap = cap;
+}
+#endif
+
 static int apply_rate(const struct tbrate_rate *r)
 {
 	uint64_t burst = g.burst ? g.burst : default_burst(r);
@@ -241,6 +295,7 @@ static int apply_rate(const struct tbrate_rate *r)
 			return -EINVAL;
 		}
 		g.lim = (struct tokenbucket_redis_limit){ r->tokens, r->period_ns, burst };
+		open_lease();
 		return 0;
 	}
 #endif
@@ -414,10 +469,54 @@ static int reserve(uint64_t n, int64_t *target)
 	finish(EXIT_BUCKET);
 }
 
+#ifdef TBRATE_HAVE_REDIS
+/*
+ * take() through the lease: waits of at most its cap each.  The wait sleeps
+ * until the lease's refills bring the tokens, so it is woken by signals
+ * (the signal pipe is its cancel descriptor) and ended in slices, between
+ * which a lease that cannot reach Redis ends tbrate as a failed call would.
+ */
+static uint64_t take_leased(uint64_t n)
+{
+	while (n > 0) {
+		uint64_t piece = n < g.lease_cap ? n : g.lease_cap;
+		handle_signals();
+		if (!g.lease)
+			return n; /* a reload left the key without a lease */
+		/* Longer than the lease's estimate can be (piece <= cap: a window and a round trip). */
+		int64_t now = tokenbucket_now();
+		int64_t slice = g.lease_window + INT64_C(2000000000);
+		int64_t until = g.deadline - now > slice ? now + slice : g.deadline;
+		int e = tokenbucket_redis_lease_wait(g.lease, piece, until, g.sig_pipe[0]);
+		if (e == 0) {
+			n -= piece;
+			if (g.progress)
+				draw_progress(false);
+			continue;
+		}
+		if (e == -ECANCELED)
+			continue; /* a signal: served at the top */
+		if (e == -ETIMEDOUT && until == g.deadline)
+			finish(EXIT_DEADLINE);
+		uint64_t held;
+		int le = tokenbucket_redis_lease_tokens(g.lease, &held);
+		if (e == -ETIMEDOUT && le == 0)
+			continue;
+		warnx_("cannot take tokens: %s", strerror(-(e == -ETIMEDOUT ? le : e)));
+		finish(EXIT_BUCKET);
+	}
+	return 0;
+}
+#endif
+
 /* Takes n tokens, sleeping until they are there; exits at the deadline. */
 static void take(uint64_t n)
 {
 	int64_t t0 = tokenbucket_now();
+#ifdef TBRATE_HAVE_REDIS
+	if (g.lease)
+		n = take_leased(n); /* what is left goes call by call */
+#endif
 	while (n > 0) {
 		uint64_t piece = bucket_burst();
 		if (piece == 0)
@@ -816,14 +915,15 @@ static void usage(FILE *f)
 		"                         unlimited (SI k M G T P E, IEC Ki Mi ... Ei; B bytes,\n"
 		"                         b or bit bits; /s /min /h /d, default /s)\n"
 		"  -b, --burst=SIZE       the bucket's size (default: 20 ms of the rate in\n"
-		"                         bytes, 1 line or run); the first SIZE go at once\n"
+		"                         bytes, 250 ms with --redis, 1 line or run); the\n"
+		"                         first SIZE go at once\n"
 		"  -l, --lines            pace lines, not bytes\n"
 		"  -n, --count=N          run COMMAND at most N times\n"
 		"  -t, --deadline=TIME    give up after TIME (500ms, 30s, 2min, 1h; s default)\n"
 		"  -p, --progress         a status line on standard error\n"
 		"  -s, --shared=NAME      share the limit with every tbrate naming NAME here\n"
 		"      --redis=URL        share it through Redis (redis://host:port/db,\n"
-		"                         unix:/path) ...\n"
+		"                         unix:/path; bytes through a lease) ...\n"
 		"      --key=KEY          ... under KEY\n"
 		"      --rate-file=FILE   read the rate from FILE, again on SIGHUP\n"
 		"      --unlink           remove the shared bucket NAME and exit\n"
@@ -908,6 +1008,7 @@ static void open_redis(void)
 		       g.lim.period_ns, g.lim.burst);
 		g.lim = stored;
 	}
+	open_lease();
 }
 #endif
 
