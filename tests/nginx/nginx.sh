@@ -437,8 +437,9 @@ redis-share)
 	check "log: REJECTED with remaining 0" grep -q '^k2 429 REJECTED 0 ' "$prefix/access.log"
 	;;
 redis-down)
-	# Redis killed mid-run: the fallback decides (share 0.5 of the limit per
-	# worker), a zone without fallback answers 500; then Redis is back.
+	# Redis paused, then killed mid-run: the fallback decides (share 0.5 of
+	# the limit per worker), a zone without fallback answers 500; then
+	# Redis is back.
 	start_redis
 	r="redis=redis://127.0.0.1:$redis_port timeout=300ms"
 	write_conf "
@@ -451,6 +452,14 @@ redis-down)
 	start_nginx
 	check "Redis decides: 10 of 12 granted" test "$(get /slow/ 12 0 "X-Key: k1" | count 200)" = 10
 	check "the key is in Redis" test "$(rcli exists tokenbucket:s:k1)" = 1
+	# Redis paused (SIGSTOP): each call ends at the timeout, on the
+	# library's timer in nginx's loop, and the fallback decides.
+	kill -STOP "$redis"
+	out=$(get /slow/ 3 0 "X-Key: p1")
+	nofb=$(get /b/ 1 0 "X-Key: p1")
+	kill -CONT "$redis"
+	check "Redis paused: the fallback grants" test "$(count 200 <<<"$out")" = 3
+	check "Redis paused: without fallback, 500" test "$(count 500 <<<"$nofb")" = 1
 	get /a/ 300 10000 "X-Key: k2" >"$prefix/run.out" &
 	loader=$!
 	sleep 1
