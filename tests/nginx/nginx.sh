@@ -165,6 +165,7 @@ get() {
 	"$client" "$port" "$n" "$us" "$path" "$@"
 }
 count() { awk -v s="$1" '$2 == s { n++ } END { print n + 0 }'; }
+not_in_log() { ! grep -qE "$1" "$prefix/error.log"; }
 
 # check_delays WHAT: 11 requests on /delay/ (10r/s, burst 1, delay=5s) are
 # all served, and none before the rate made their tokens.
@@ -435,6 +436,26 @@ redis-share)
 	sleep 0.3
 	check "log: DELAYED" grep -q '^d1 200 DELAYED ' "$prefix/access.log"
 	check "log: REJECTED with remaining 0" grep -q '^k2 429 REJECTED 0 ' "$prefix/access.log"
+	# A reload: new workers open their clients, the old ones close theirs;
+	# the levels are Redis's.
+	write_conf "$zones" "$locs
+		location /index.html { }"
+	kill -HUP "$master"
+	for _ in $(seq 50); do
+		grep -q 'reconfiguring' "$prefix/error.log" && break
+		sleep 0.1
+	done
+	sleep 1
+	check "after a reload, k3 is still empty in r1" \
+		test "$(get /bytes/ 1 0 "X-Key: k3" | count 429)" = 1
+	check "a new key after the reload gets r1's burst" \
+		test "$(get /bytes/ 6 0 "X-Key: k9" | count 200)" = 5
+	for _ in $(seq 50); do
+		[ "$(grep -c 'exited with code 0' "$prefix/error.log")" -ge 2 ] && break
+		sleep 0.1
+	done
+	check "the old workers exited" test "$(grep -c 'exited with code 0' "$prefix/error.log")" -ge 2
+	check "and left no socket open" not_in_log 'open socket|left in connection'
 	;;
 redis-down)
 	# Redis paused, then killed mid-run: the fallback decides (share 0.5 of
