@@ -33,7 +33,6 @@
 #include <ngx_http.h>
 
 #include <errno.h>
-#include <math.h>
 #include <tokenbucket-redis.h>
 #include <tokenbucket.h>
 
@@ -44,9 +43,6 @@
 #define NGX_HTTP_TB_REJECTED 3
 #define NGX_HTTP_TB_DELAYED_DRY_RUN 4
 #define NGX_HTTP_TB_REJECTED_DRY_RUN 5
-
-/* Limits of one location decided without allocating (more are allocated). */
-#define NGX_HTTP_TB_LOCAL_LIMITS 8
 
 /* Room the slab pool takes besides the table: its header and page table. */
 #define NGX_HTTP_TB_SLAB_PAGES 8
