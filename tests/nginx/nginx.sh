@@ -367,6 +367,7 @@ redis-share)
 	tokenbucket_zone zone=d $r rate=10r/s burst=1;
 	tokenbucket_zone zone=rr1 $r rate=1r/min burst=2;
 	tokenbucket_zone zone=rr2 $r rate=1r/min burst=3;
+	tokenbucket_zone zone=rs $r rate=6r/min burst=1;
 	tokenbucket_zone zone=perkey keys=1024 rate=1r/min burst=3;
 	tokenbucket_zone zone=l1 keys=1024 rate=1r/min burst=1;"
 	locs="
@@ -386,7 +387,8 @@ redis-share)
 			tokenbucket zone=rr2 key=\$http_x_key;
 			tokenbucket zone=rr1 key=\$http_x_key;
 		}
-		location /rr2/ { tokenbucket zone=rr2 key=\$http_x_key; }"
+		location /rr2/ { tokenbucket zone=rr2 key=\$http_x_key; }
+		location /slow/ { tokenbucket zone=rs key=\$http_x_key delay=500ms; }"
 	port2=$("$client" port)
 	mkdir -p "$prefix/b/html/a" "$prefix/b/tmp"
 	echo hello >"$prefix/b/html/index.html"
@@ -433,6 +435,11 @@ redis-share)
 	check "rr2 got the refused requests' tokens back: 1 left" \
 		test "$(get /rr2/ 2 0 "X-Key: k4" | awk '{ printf "%s,", $2 }')" = "200,429,"
 	check_delays "11 requests delayed through Redis"
+	out=$(get /slow/ 2 0 "X-Key: s1")
+	check "a wait beyond the bound is refused" \
+		test "$(awk '{ printf "%s,", $2 }' <<<"$out")" = "200,429,"
+	retry=$(tail -1 <<<"$out" | awk '{ print $4 }')
+	check "with Retry-After $retry within [9, 10]" test "$retry" -ge 9 -a "$retry" -le 10
 	sleep 0.3
 	check "log: DELAYED" grep -q '^d1 200 DELAYED ' "$prefix/access.log"
 	check "log: REJECTED with remaining 0" grep -q '^k2 429 REJECTED 0 ' "$prefix/access.log"
