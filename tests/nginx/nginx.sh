@@ -309,11 +309,18 @@ reload)
 	check "a zone whose burst changed starts afresh" \
 		test "$(get /slow/ 7 0 "X-Key: k" | count 200)" = 6
 	;;
-kill)
+kill | redis-kill)
 	# A worker SIGKILLed under load: the master respawns it, the zone stays
-	# consistent and the key's bound holds over both clients.
+	# consistent and the key's bound holds over both clients.  redis-kill:
+	# the same with the zone in Redis (a killed worker's calls in flight
+	# stay spent; its replacement opens a client of its own).
+	where="keys=1024"
+	if [ "$group" = redis-kill ]; then
+		start_redis
+		where="redis=redis://127.0.0.1:$redis_port"
+	fi
 	write_conf "
-	tokenbucket_zone zone=hot keys=1024 rate=50r/s burst=20;" "
+	tokenbucket_zone zone=hot $where rate=50r/s burst=20;" "
 		location /hot/ { tokenbucket zone=hot key=\$http_x_key; }"
 	start_nginx
 	get /hot/ 800 5000 "X-Key: k" >"$prefix/c1.out" &
