@@ -167,6 +167,19 @@ get() {
 count() { awk -v s="$1" '$2 == s { n++ } END { print n + 0 }'; }
 not_in_log() { ! grep -qE "$1" "$prefix/error.log"; }
 
+# reload_nginx ZONES LOCATIONS: a reload (SIGHUP) to the configuration with
+# one more location, and a second for the new workers to take over.
+reload_nginx() {
+	write_conf "$1" "$2
+		location /index.html { }"
+	kill -HUP "$master"
+	for _ in $(seq 50); do
+		grep -q 'reconfiguring' "$prefix/error.log" && break
+		sleep 0.1
+	done
+	sleep 1
+}
+
 # check_delays WHAT: 11 requests on /delay/ (10r/s, burst 1, delay=5s) are
 # all served, and none before the rate made their tokens.
 check_delays() {
@@ -290,14 +303,7 @@ reload)
 	get /hot/ 400 10000 "X-Key: h" >"$prefix/hot.out" &
 	loader=$!
 	sleep 1
-	write_conf "$zones" "$locs
-		location /index.html { }"
-	kill -HUP "$master"
-	for _ in $(seq 50); do
-		grep -q 'reconfiguring' "$prefix/error.log" && break
-		sleep 0.1
-	done
-	sleep 1
+	reload_nginx "$zones" "$locs"
 	check "after the reload, k is still empty" test "$(get /slow/ 1 0 "X-Key: k" | count 200)" = 0
 	check "a new key is full" test "$(get /slow/ 5 0 "X-Key: n" | count 200)" = 5
 	wait "$loader"
@@ -452,14 +458,7 @@ redis-share)
 	check "log: REJECTED with remaining 0" grep -q '^k2 429 REJECTED 0 ' "$prefix/access.log"
 	# A reload: new workers open their clients, the old ones close theirs;
 	# the levels are Redis's.
-	write_conf "$zones" "$locs
-		location /index.html { }"
-	kill -HUP "$master"
-	for _ in $(seq 50); do
-		grep -q 'reconfiguring' "$prefix/error.log" && break
-		sleep 0.1
-	done
-	sleep 1
+	reload_nginx "$zones" "$locs"
 	check "after a reload, k3 is still empty in r1" \
 		test "$(get /bytes/ 1 0 "X-Key: k3" | count 429)" = 1
 	check "a new key after the reload gets r1's burst" \
