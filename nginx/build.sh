@@ -5,13 +5,15 @@
 # flags the installed nginx was built with (conf_flags, --with-compat),
 # --add-dynamic-module, then "make modules".  Everything lands in BUILDDIR.
 #
-#   build.sh NGINX_SRC BUILDDIR INCLUDE_DIR LIB_DIR [CFLAGS [LDFLAGS]]
+# LIB_DIR holds libtokenbucket.so, REDIS_LIB_DIR libtokenbucket-redis.so.
+#
+#   build.sh NGINX_SRC BUILDDIR INCLUDE_DIR LIB_DIR REDIS_LIB_DIR [CFLAGS [LDFLAGS]]
 set -euo pipefail
-ngx_src=$1 bld=$2 inc=$3 lib=$4 cflags=${5:-} ldflags=${6:-}
+ngx_src=$1 bld=$2 inc=$3 lib=$4 redis_lib=$5 cflags=${6:-} ldflags=${7:-}
 mod=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$bld"
 bld=$(cd "$bld" && pwd)
-export TOKENBUCKET_INCS="$inc" TOKENBUCKET_LIBS="-L$lib -ltokenbucket"
+export TOKENBUCKET_INCS="$inc" TOKENBUCKET_LIBS="-L$redis_lib -L$lib -ltokenbucket-redis -ltokenbucket"
 cd "$ngx_src"
 # shellcheck disable=SC1091
 . ./conf_flags

@@ -1,30 +1,39 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * ngx_http_tokenbucket_module: per-key rate limits on libtokenbucket's
- * tables, in nginx shared memory.  A consumer of include/tokenbucket.h
- * only; the rates are read by tbrate's exact parser (tools/tbrate/units.c).
+ * tables in nginx shared memory, or on buckets kept in Redis by
+ * libtokenbucket-redis.  A consumer of the public headers only; the rates
+ * are read by tbrate's exact parser (tools/tbrate/units.c).
  *
  *   tokenbucket_zone zone=NAME:SIZE | zone=NAME keys=N  rate=R [burst=B]
  *                    [full=closed|open|evict];                      (http)
+ *   tokenbucket_zone zone=NAME redis=URL | cluster=SEED[,SEED...]  rate=R
+ *                    [burst=B] [prefix=P] [fallback=SHARE] [timeout=T];
  *   tokenbucket zone=NAME key=VALUE [cost=VALUE] [delay=TIME];
  *   tokenbucket_status CODE;  tokenbucket_dry_run on|off;
  *   tokenbucket_headers on|off;  tokenbucket_log_level LEVEL;
  *
- * The table is placed once in the zone's slab pool by the master; every
- * worker uses it lock-free (nginx's zone mutex is never taken after that).
- * A reload keeps a zone whose size, rate, burst, keys and policy are
- * unchanged: nginx hands the old memory to the new cycle and the table is
- * attached, not initialised.  Any change gives the zone fresh memory.
+ * A local zone's table is placed once in the zone's slab pool by the
+ * master; every worker uses it lock-free (nginx's zone mutex is never taken
+ * after that).  A reload keeps a zone whose size, rate, burst, keys and
+ * policy are unchanged: nginx hands the old memory to the new cycle and
+ * the table is attached, not initialised.  Any change gives the zone fresh
+ * memory.
  *
- * A zone is a table reached through three calls (decide, reserve, cancel);
- * a zone of another kind (kept in Redis, say) would be a second set of
- * them selected by the zone's kind, with the same per-request protocol.
+ * A Redis zone is decided by libtokenbucket-redis's asynchronous client,
+ * one per zone in each worker (opened in init_process), driven by nginx's
+ * own event loop: its sockets are nginx connections with level-triggered
+ * read and write events, its timer an nginx timer.  A request waiting for
+ * a reply returns NGX_AGAIN and is resumed by a posted event from the
+ * reply's callback; the worker never blocks.  Both kinds follow the same
+ * per-request protocol: decide, reserve with a bound, give back on refusal.
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
 #include <ngx_http.h>
 
 #include <errno.h>
+#include <tokenbucket-redis.h>
 #include <tokenbucket.h>
 
 #include "units.h"
@@ -35,11 +44,16 @@
 #define NGX_HTTP_TB_DELAYED_DRY_RUN 4
 #define NGX_HTTP_TB_REJECTED_DRY_RUN 5
 
-/* Limits of one location decided without allocating (more are allocated). */
-#define NGX_HTTP_TB_LOCAL_LIMITS 8
-
 /* Room the slab pool takes besides the table: its header and page table. */
 #define NGX_HTTP_TB_SLAB_PAGES 8
+
+/* A Redis zone's command timeout unless timeout= says otherwise. */
+#define NGX_HTTP_TB_REDIS_TIMEOUT 1000
+
+/* Seeds of cluster= at most (the library's own limit is 1024). */
+#define NGX_HTTP_TB_SEEDS_MAX 64
+
+typedef struct ngx_http_tokenbucket_engine_s ngx_http_tokenbucket_engine_t;
 
 typedef struct {
 	ngx_str_t name;
@@ -51,7 +65,31 @@ typedef struct {
 	size_t table_size;
 	void *mem;         /* the table, in the zone's slab pool */
 	struct tokenbucket_table *table; /* this cycle's handle, set by init */
+
+	/* A Redis zone (nseeds > 0): no table; the buckets are Redis's. */
+	char *seeds[NGX_HTTP_TB_SEEDS_MAX]; /* redis=URL, or cluster= seeds */
+	size_t nseeds;
+	unsigned cluster:1;
+	ngx_str_t prefix;  /* before every key in Redis; "tokenbucket:NAME:" */
+	double fallback;   /* share of the limit each worker grants while Redis is down; 0: off */
+	ngx_msec_t timeout;
+	ngx_http_tokenbucket_engine_t *engine; /* this worker's, from init_process */
 } ngx_http_tokenbucket_zone_t;
+
+/*
+ * A worker's asynchronous client for one Redis zone.  Only the worker's
+ * event loop uses it, so nothing here is shared or locked.
+ */
+struct ngx_http_tokenbucket_engine_s {
+	ngx_http_tokenbucket_zone_t *zone;
+	struct tokenbucket_redis *client;       /* its fallback and prefix */
+	struct tokenbucket_redis_async *async;
+	ngx_event_t timer;                      /* the library's one timer */
+	ngx_array_t conns;                      /* ngx_connection_t *, one per watched fd */
+	ngx_uint_t inflight;                    /* calls started, not yet completed */
+	ngx_log_t *log;
+	unsigned closing:1;                     /* exit_process: no request is resumed */
+};
 
 typedef struct {
 	ngx_shm_zone_t *shm_zone;
@@ -68,12 +106,46 @@ typedef struct {
 	ngx_flag_t headers;
 } ngx_http_tokenbucket_conf_t;
 
-/* One request's decision; found again after an internal redirect. */
+typedef struct ngx_http_tokenbucket_pending_s ngx_http_tokenbucket_pending_t;
+
+/*
+ * One request's decision; found again after an internal redirect.  While a
+ * Redis zone decides, it also holds where the request stands: the limit
+ * asked (next), what each earlier limit took, and the reply once it came.
+ */
 typedef struct {
 	ngx_uint_t status; /* NGX_HTTP_TB_* */
 	struct tokenbucket_result res;
 	unsigned has_res:1;
+	unsigned replied:1;   /* reply holds the answer for limit next */
+	unsigned deciding:1;  /* not yet decided: the handler resumes at next */
+	unsigned have_best:1;
+	ngx_uint_t next;
+	int64_t now;          /* tokenbucket_now() when the request came */
+	int64_t until;        /* tokenbucket_now() time the longest delay ends */
+	struct tokenbucket_result best;
+	ngx_str_t *keys;      /* per limit */
+	uint64_t *costs;
+	struct tokenbucket_reservation *rv;
+	u_char *local;        /* per limit: a Redis zone's grant made by its fallback */
+	ngx_http_tokenbucket_pending_t *pending; /* the call in flight, or NULL */
+	int reply_err;
+	int64_t reply_at;     /* tokenbucket_now() when the reply came */
+	struct tokenbucket_result reply_res;
+	struct tokenbucket_reservation reply_rv;
+	ngx_event_t resume;   /* posted by the reply's callback */
 } ngx_http_tokenbucket_ctx_t;
+
+/*
+ * The argument of a call in flight, outside the request's pool: the request
+ * may be gone when the reply comes (r is then NULL, set by the request
+ * pool's cleanup), and its tokens stay spent.
+ */
+struct ngx_http_tokenbucket_pending_s {
+	ngx_http_request_t *r;
+	ngx_http_tokenbucket_ctx_t *ctx;
+	ngx_http_tokenbucket_engine_t *engine;
+};
 
 static ngx_int_t ngx_http_tokenbucket_init(ngx_conf_t *cf);
 static ngx_int_t ngx_http_tokenbucket_add_variables(ngx_conf_t *cf);
@@ -82,6 +154,8 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 static char *ngx_http_tokenbucket(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
 static char *ngx_http_tokenbucket_status(ngx_conf_t *cf, ngx_command_t *cmd, void *conf);
+static ngx_int_t ngx_http_tokenbucket_init_process(ngx_cycle_t *cycle);
+static void ngx_http_tokenbucket_exit_process(ngx_cycle_t *cycle);
 
 static ngx_conf_enum_t ngx_http_tokenbucket_log_levels[] = {
 	{ ngx_string("info"), NGX_LOG_INFO },
@@ -130,7 +204,13 @@ ngx_module_t ngx_http_tokenbucket_module = {
 	&ngx_http_tokenbucket_module_ctx,
 	ngx_http_tokenbucket_commands,
 	NGX_HTTP_MODULE,
-	NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+	NULL,                              /* init master */
+	NULL,                              /* init module */
+	ngx_http_tokenbucket_init_process, /* init process */
+	NULL,                              /* init thread */
+	NULL,                              /* exit thread */
+	ngx_http_tokenbucket_exit_process, /* exit process */
+	NULL,                              /* exit master */
 	NGX_MODULE_V1_PADDING
 };
 
@@ -142,6 +222,8 @@ static ngx_int_t ngx_http_tokenbucket_init_zone(ngx_shm_zone_t *shm_zone, void *
 	ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
 	int rc;
 
+	if (z->nseeds > 0)
+		return NGX_OK; /* a Redis zone keeps nothing here */
 	if (old != NULL) {
 		/* A reload with unchanged parameters (else noreuse was set). */
 		z->mem = old->mem;
@@ -225,6 +307,124 @@ static char *ngx_http_tokenbucket_cstr(ngx_conf_t *cf, ngx_str_t *v, size_t skip
 	return s;
 }
 
+static void ngx_http_tokenbucket_nowatch(void *data, int fd, unsigned events)
+{
+	(void)data, (void)fd, (void)events;
+}
+
+static void ngx_http_tokenbucket_notimer(void *data, int64_t ns)
+{
+	(void)data, (void)ns;
+}
+
+/*
+ * redis=URL or cluster=SEED[,SEED...] into z->seeds; NULL, or why not.  The
+ * library checks each address (it opens a client, which connects on first
+ * use only) and whether its asynchronous client takes that kind of address,
+ * so that nginx -t refuses what a worker could not open.
+ */
+static const char *ngx_http_tokenbucket_seeds(ngx_conf_t *cf, ngx_http_tokenbucket_zone_t *z,
+					      ngx_str_t *v)
+{
+	static const struct tokenbucket_redis_loop probe = {
+		.watch = ngx_http_tokenbucket_nowatch, .timer = ngx_http_tokenbucket_notimer,
+	};
+	struct tokenbucket_redis *r = NULL;
+	struct tokenbucket_redis_async *a = NULL;
+	u_char *p, *end, *comma;
+	size_t skip = v->data[0] == 'r' ? 6 : 8;
+	int rc;
+
+	if (z->nseeds > 0)
+		return "give one redis= or cluster=";
+	z->cluster = skip == 8;
+	p = v->data + skip;
+	end = v->data + v->len;
+	for (;;) {
+		comma = z->cluster ? ngx_strlchr(p, end, ',') : NULL;
+		if (comma == NULL)
+			comma = end;
+		if (comma == p)
+			return "an empty address";
+		if (z->nseeds == NGX_HTTP_TB_SEEDS_MAX)
+			return "too many seeds";
+		z->seeds[z->nseeds] = ngx_pnalloc(cf->pool, comma - p + 1);
+		if (z->seeds[z->nseeds] == NULL)
+			return "out of memory";
+		ngx_memcpy(z->seeds[z->nseeds], p, comma - p);
+		z->seeds[z->nseeds++][comma - p] = '\0';
+		if (comma == end)
+			break;
+		p = comma + 1;
+	}
+	rc = z->cluster ? tokenbucket_redis_open_cluster(&r, (const char *const *)z->seeds,
+							  z->nseeds, 0, 0)
+			: tokenbucket_redis_open(&r, z->seeds[0], 0, 0);
+	if (rc == 0)
+		rc = tokenbucket_redis_async_open(&a, r, &probe);
+	tokenbucket_redis_async_close(a);
+	tokenbucket_redis_close(r);
+	switch (rc) {
+	case 0:
+		return NULL;
+	case -EINVAL:
+		return z->cluster ? "not a list of redis://host[:port] seeds"
+				  : "not a redis://, redis-sentinel://, unix: or socket path address";
+	case -EOPNOTSUPP:
+		return "this libtokenbucket-redis cannot reach that kind of address "
+		       "without blocking";
+	default:
+		return strerror(-rc);
+	}
+}
+
+/* The rest of tokenbucket_zone for a Redis zone: z's name, rate and seeds are set. */
+static char *ngx_http_tokenbucket_redis_zone(ngx_conf_t *cf, ngx_http_tokenbucket_zone_t *z,
+					     ssize_t size, uint64_t keys)
+{
+	ngx_shm_zone_t *shm_zone;
+	u_char *p;
+
+	if (size != 0 || keys != 0 || z->flags != 0) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+				   "tokenbucket_zone \"%V\": a Redis zone takes no size, keys= "
+				   "or full=", &z->name);
+		return NGX_CONF_ERROR;
+	}
+	if (z->burst > TOKENBUCKET_BURST_MAX) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+				   "tokenbucket_zone \"%V\": invalid burst: above %uL", &z->name,
+				   (unsigned long long)TOKENBUCKET_BURST_MAX);
+		return NGX_CONF_ERROR;
+	}
+	if (z->prefix.data == NULL) {
+		p = ngx_pnalloc(cf->pool, sizeof("tokenbucket::") - 1 + z->name.len);
+		if (p == NULL)
+			return NGX_CONF_ERROR;
+		z->prefix.data = p;
+		z->prefix.len = ngx_sprintf(p, "tokenbucket:%V:", &z->name) - p;
+	}
+	if (z->timeout == 0)
+		z->timeout = NGX_HTTP_TB_REDIS_TIMEOUT;
+	/*
+	 * A small shared zone names the zone for "tokenbucket zone=NAME" as a
+	 * table's does; nothing is kept in it, so it never outlives a cycle.
+	 */
+	shm_zone = ngx_shared_memory_add(cf, &z->name, NGX_HTTP_TB_SLAB_PAGES * ngx_pagesize,
+					 &ngx_http_tokenbucket_module);
+	if (shm_zone == NULL)
+		return NGX_CONF_ERROR;
+	if (shm_zone->data != NULL) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone \"%V\" is already defined",
+				   &z->name);
+		return NGX_CONF_ERROR;
+	}
+	shm_zone->noreuse = 1;
+	shm_zone->init = ngx_http_tokenbucket_init_zone;
+	shm_zone->data = z;
+	return NGX_CONF_OK;
+}
+
 static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
 	ngx_str_t *value = cf->args->elts, name = ngx_null_string, v;
@@ -288,6 +488,42 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 				return ngx_http_tokenbucket_param(cf, &v, "keys", err);
 			continue;
 		}
+		if (ngx_strncmp(v.data, "redis=", 6) == 0 || ngx_strncmp(v.data, "cluster=", 8) == 0) {
+			const char *why = ngx_http_tokenbucket_seeds(cf, z, &v);
+			if (why != NULL)
+				return ngx_http_tokenbucket_param(cf, &v, "Redis address", why);
+			continue;
+		}
+		if (ngx_strncmp(v.data, "prefix=", 7) == 0) {
+			z->prefix.data = v.data + 7;
+			z->prefix.len = v.len - 7;
+			continue;
+		}
+		if (ngx_strncmp(v.data, "fallback=", 9) == 0) {
+			if (ngx_strcmp(v.data, "fallback=off") == 0) {
+				z->fallback = 0;
+				continue;
+			}
+			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 9)) == NULL)
+				return NGX_CONF_ERROR;
+			char *end;
+			errno = 0;
+			z->fallback = strtod(s, &end);
+			if (errno != 0 || end == s || *end != '\0' || !(z->fallback > 0) ||
+			    z->fallback > 1)
+				return ngx_http_tokenbucket_param(cf, &v, "fallback",
+								  "a share in (0, 1], or off");
+			continue;
+		}
+		if (ngx_strncmp(v.data, "timeout=", 8) == 0) {
+			ngx_str_t t = { v.len - 8, v.data + 8 };
+			ngx_int_t ms = ngx_parse_time(&t, 0);
+			if (ms == NGX_ERROR || ms == 0)
+				return ngx_http_tokenbucket_param(cf, &v, "timeout",
+								  "not a time above 0");
+			z->timeout = (ngx_msec_t)ms;
+			continue;
+		}
 		if (ngx_strcmp(v.data, "full=closed") == 0) {
 			z->flags = 0;
 			continue;
@@ -301,8 +537,9 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 			continue;
 		}
 		return ngx_http_tokenbucket_param(cf, &v, "parameter",
-						  "expected zone=, rate=, burst=, keys= or "
-						  "full=closed|open|evict");
+						  "expected zone=, rate=, burst=, keys=, "
+						  "full=closed|open|evict, redis=, cluster=, "
+						  "prefix=, fallback= or timeout=");
 	}
 	if (name.len == 0) {
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone: no zone=NAME");
@@ -310,6 +547,16 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	}
 	if (!have_rate) {
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone \"%V\": no rate=", &name);
+		return NGX_CONF_ERROR;
+	}
+	if (z->nseeds > 0) {
+		z->name = name;
+		return ngx_http_tokenbucket_redis_zone(cf, z, size, keys);
+	}
+	if (z->prefix.data != NULL || z->fallback != 0 || z->timeout != 0) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+				   "tokenbucket_zone \"%V\": prefix=, fallback= and timeout= "
+				   "need redis= or cluster=", &name);
 		return NGX_CONF_ERROR;
 	}
 	if ((size == 0) == (keys == 0)) {
@@ -351,7 +598,7 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	/* Memory kept over a reload must hold a table of exactly these terms. */
 	old = ngx_http_tokenbucket_old_zone(cf, &name);
 	if (old != NULL &&
-	    (old->tokens != z->tokens || old->period_ns != z->period_ns || old->burst != z->burst ||
+	    (old->nseeds != 0 || old->tokens != z->tokens || old->period_ns != z->period_ns || old->burst != z->burst ||
 	     old->capacity != z->capacity || old->flags != z->flags))
 		shm_zone->noreuse = 1;
 	shm_zone->init = ngx_http_tokenbucket_init_zone;
@@ -504,11 +751,234 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 	return NGX_CONF_OK;
 }
 
+/* ---- Redis zones: a worker's engines in nginx's event loop --------------- */
+
+static void ngx_http_tokenbucket_busy(ngx_http_tokenbucket_engine_t *e, ngx_int_t d)
+{
+	/* A graceful shutdown waits for the timer while calls are in flight. */
+	e->inflight += d;
+	e->timer.cancelable = e->inflight == 0;
+}
+
+static ngx_connection_t **ngx_http_tokenbucket_conn(ngx_http_tokenbucket_engine_t *e, int fd)
+{
+	ngx_connection_t **c = e->conns.elts;
+	ngx_uint_t i;
+
+	for (i = 0; i < e->conns.nelts; i++)
+		if (c[i]->fd == fd)
+			return &c[i];
+	return NULL;
+}
+
+static void ngx_http_tokenbucket_redis_event(ngx_event_t *ev)
+{
+	ngx_connection_t *c = ev->data;
+	ngx_http_tokenbucket_engine_t *e = c->data;
+
+	/* c may be freed within: the library stops watching a socket it closes. */
+	tokenbucket_redis_async_ready(e->async, c->fd,
+				      ev->write ? TOKENBUCKET_REDIS_WRITE : TOKENBUCKET_REDIS_READ);
+}
+
+/* The library closes the socket itself, right after. */
+static void ngx_http_tokenbucket_unwatch(ngx_http_tokenbucket_engine_t *e, ngx_connection_t **slot)
+{
+	ngx_connection_t *c = *slot;
+
+	if (c->read->active)
+		ngx_del_event(c->read, NGX_READ_EVENT, 0);
+	if (c->write->active)
+		ngx_del_event(c->write, NGX_WRITE_EVENT, 0);
+	if (c->read->posted) {
+		ngx_delete_posted_event(c->read);
+	}
+	if (c->write->posted) {
+		ngx_delete_posted_event(c->write);
+	}
+	ngx_free_connection(c);
+	c->fd = (ngx_socket_t)-1;
+	*slot = ((ngx_connection_t **)e->conns.elts)[--e->conns.nelts];
+}
+
+/* One event of c as the library wants it (level-triggered, unlike nginx's own sockets). */
+static void ngx_http_tokenbucket_want(ngx_http_tokenbucket_engine_t *e, ngx_event_t *ev,
+				      ngx_int_t event, ngx_uint_t on)
+{
+	ngx_int_t rc = NGX_OK;
+
+	if (on && !ev->active)
+		rc = ngx_add_event(ev, event, 0);
+	else if (!on && ev->active)
+		rc = ngx_del_event(ev, event, 0);
+	if (rc != NGX_OK)
+		ngx_log_error(NGX_LOG_ALERT, e->log, 0,
+			      "tokenbucket_zone \"%V\": cannot watch a Redis socket; its calls end at the timeout",
+			      &e->zone->name);
+}
+
+static void ngx_http_tokenbucket_watch(void *data, int fd, unsigned events)
+{
+	ngx_http_tokenbucket_engine_t *e = data;
+	ngx_connection_t **slot = ngx_http_tokenbucket_conn(e, fd), *c;
+
+	if (events == 0) {
+		if (slot != NULL)
+			ngx_http_tokenbucket_unwatch(e, slot);
+		return;
+	}
+	if (slot == NULL) {
+		c = ngx_get_connection(fd, e->log);
+		slot = c == NULL ? NULL : ngx_array_push(&e->conns);
+		if (slot == NULL) {
+			if (c != NULL) {
+				ngx_free_connection(c);
+				c->fd = (ngx_socket_t)-1;
+			}
+			ngx_log_error(NGX_LOG_ALERT, e->log, 0,
+				      "tokenbucket_zone \"%V\": no free connection for a Redis socket; "
+				      "its calls end at the timeout", &e->zone->name);
+			return;
+		}
+		*slot = c;
+		c->data = e;
+		c->log = e->log;
+		c->read->log = e->log;
+		c->write->log = e->log;
+		c->read->handler = ngx_http_tokenbucket_redis_event;
+		c->write->handler = ngx_http_tokenbucket_redis_event;
+	}
+	c = *slot;
+	ngx_http_tokenbucket_want(e, c->read, NGX_READ_EVENT, events & TOKENBUCKET_REDIS_READ);
+	ngx_http_tokenbucket_want(e, c->write, NGX_WRITE_EVENT, events & TOKENBUCKET_REDIS_WRITE);
+}
+
+static void ngx_http_tokenbucket_timer(void *data, int64_t ns)
+{
+	ngx_http_tokenbucket_engine_t *e = data;
+
+	/* Deleted first: ngx_add_timer would keep a timer within 300 ms of the new one. */
+	if (e->timer.timer_set)
+		ngx_del_timer(&e->timer);
+	if (ns >= 0)
+		ngx_add_timer(&e->timer, (ngx_msec_t)((ns + 999999) / 1000000));
+}
+
+static void ngx_http_tokenbucket_timer_event(ngx_event_t *ev)
+{
+	ngx_http_tokenbucket_engine_t *e = ev->data;
+
+	tokenbucket_redis_async_timeout(e->async);
+}
+
+static ngx_int_t ngx_http_tokenbucket_engine_open(ngx_cycle_t *cycle,
+						  ngx_http_tokenbucket_zone_t *z)
+{
+	ngx_http_tokenbucket_engine_t *e = ngx_pcalloc(cycle->pool, sizeof(*e));
+	int64_t ns = (int64_t)z->timeout * 1000000;
+	int rc;
+
+	if (e == NULL || ngx_array_init(&e->conns, cycle->pool, 4, sizeof(ngx_connection_t *)) !=
+				 NGX_OK)
+		return NGX_ERROR;
+	e->zone = z;
+	e->log = cycle->log;
+	e->timer.handler = ngx_http_tokenbucket_timer_event;
+	e->timer.data = e;
+	e->timer.log = cycle->log;
+	e->timer.cancelable = 1;
+	struct tokenbucket_redis_loop loop = {
+		.data = e, .watch = ngx_http_tokenbucket_watch, .timer = ngx_http_tokenbucket_timer,
+	};
+	rc = z->cluster ? tokenbucket_redis_open_cluster(&e->client, (const char *const *)z->seeds,
+							  z->nseeds, ns, ns)
+			: tokenbucket_redis_open(&e->client, z->seeds[0], ns, ns);
+	if (rc == 0)
+		rc = tokenbucket_redis_set_prefix(e->client, z->prefix.data, z->prefix.len);
+	if (rc == 0 && z->fallback > 0)
+		rc = tokenbucket_redis_set_fallback(e->client, z->fallback);
+	if (rc == 0)
+		rc = tokenbucket_redis_async_open(&e->async, e->client, &loop);
+	if (rc != 0) {
+		ngx_log_error(NGX_LOG_EMERG, cycle->log, -rc,
+			      "tokenbucket_zone \"%V\": cannot open the Redis client", &z->name);
+		tokenbucket_redis_close(e->client);
+		return NGX_ERROR;
+	}
+	z->engine = e;
+	return NGX_OK;
+}
+
+/* Each of this cycle's Redis zones, in turn. */
+static ngx_http_tokenbucket_zone_t *ngx_http_tokenbucket_next_redis(ngx_cycle_t *cycle,
+								    ngx_list_part_t **part,
+								    ngx_uint_t *i)
+{
+	ngx_shm_zone_t *zone;
+	ngx_http_tokenbucket_zone_t *z;
+
+	for (;; (*i)++) {
+		if (*i >= (*part)->nelts) {
+			if ((*part)->next == NULL)
+				return NULL;
+			*part = (*part)->next;
+			*i = 0;
+			if ((*part)->nelts == 0)
+				continue;
+		}
+		zone = (*part)->elts;
+		z = zone[*i].data;
+		if (zone[*i].tag == &ngx_http_tokenbucket_module && z != NULL && z->nseeds > 0) {
+			(*i)++;
+			return z;
+		}
+	}
+}
+
+static ngx_int_t ngx_http_tokenbucket_init_process(ngx_cycle_t *cycle)
+{
+	ngx_list_part_t *part = &cycle->shared_memory.part;
+	ngx_http_tokenbucket_zone_t *z;
+	ngx_uint_t i = 0;
+
+	while ((z = ngx_http_tokenbucket_next_redis(cycle, &part, &i)) != NULL)
+		if (ngx_http_tokenbucket_engine_open(cycle, z) != NGX_OK)
+			return NGX_ERROR;
+	return NGX_OK;
+}
+
+static void ngx_http_tokenbucket_exit_process(ngx_cycle_t *cycle)
+{
+	ngx_list_part_t *part = &cycle->shared_memory.part;
+	ngx_http_tokenbucket_zone_t *z;
+	ngx_uint_t i = 0;
+
+	while ((z = ngx_http_tokenbucket_next_redis(cycle, &part, &i)) != NULL) {
+		if (z->engine == NULL)
+			continue;
+		/* Calls in flight complete with -ECANCELED; their requests end with the worker. */
+		z->engine->closing = 1;
+		tokenbucket_redis_async_close(z->engine->async);
+		tokenbucket_redis_close(z->engine->client);
+		z->engine = NULL;
+	}
+}
+
 /* ---- The request --------------------------------------------------------- */
 
 static void ngx_http_tokenbucket_ctx_cleanup(void *data)
 {
-	(void)data; /* marks the cleanup that carries the ctx; nothing to free */
+	ngx_http_tokenbucket_ctx_t *ctx = data;
+
+	/*
+	 * Also marks the cleanup that carries the ctx (see get_ctx).  Braces
+	 * around nginx's event macros: some are several statements.
+	 */
+	if (ctx->pending != NULL)
+		ctx->pending->r = NULL;
+	if (ctx->resume.posted) {
+		ngx_delete_posted_event(&ctx->resume);
+	}
 }
 
 /* The decision made for this request, also after an internal redirect wiped the ctx. */
@@ -616,108 +1086,254 @@ static ngx_int_t ngx_http_tokenbucket_cost(ngx_http_request_t *r,
 	return NGX_OK;
 }
 
-/*
- * Every limit must allow.  Each takes its tokens by reservation, the last
- * (without delay) by allow_result; on a refusal the reservations made are
- * cancelled at the same "now", so a refused request takes nothing.
- */
-static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
+/* The reply of a Redis zone: kept in the ctx, the request resumed by a posted event. */
+static void ngx_http_tokenbucket_reply(void *arg, int err, const struct tokenbucket_result *res,
+				       const struct tokenbucket_reservation *rv, double tokens)
 {
-	ngx_http_tokenbucket_conf_t *tcf;
-	ngx_http_tokenbucket_limit_t *limits;
-	ngx_http_tokenbucket_zone_t *z;
-	ngx_http_tokenbucket_ctx_t *ctx;
-	ngx_pool_cleanup_t *cln;
-	struct tokenbucket_reservation *rv, rv_local[NGX_HTTP_TB_LOCAL_LIMITS] = { 0 };
-	struct tokenbucket_result res, best;
-	ngx_str_t *keys, keys_local[NGX_HTTP_TB_LOCAL_LIMITS];
-	ngx_uint_t i, j, n, have_best = 0, level;
-	uint64_t cost = 0;
-	int64_t now, wait = 0, max_wait;
+	ngx_http_tokenbucket_pending_t *p = arg;
+	ngx_http_tokenbucket_ctx_t *ctx = p->ctx;
+
+	(void)tokens;
+	ngx_http_tokenbucket_busy(p->engine, -1);
+	if (p->r != NULL) {
+		ctx->pending = NULL;
+		if (!p->engine->closing) {
+			ctx->replied = 1;
+			ctx->reply_err = err;
+			ngx_memzero(&ctx->reply_res, sizeof(ctx->reply_res));
+			ngx_memzero(&ctx->reply_rv, sizeof(ctx->reply_rv));
+			if (res != NULL)
+				ctx->reply_res = *res;
+			if (rv != NULL)
+				ctx->reply_rv = *rv;
+			ctx->reply_at = tokenbucket_now();
+			ngx_post_event(&ctx->resume, &ngx_posted_events);
+		}
+	}
+	ngx_free(p);
+}
+
+static void ngx_http_tokenbucket_resume(ngx_event_t *ev)
+{
+	ngx_http_request_t *r = ev->data;
+	ngx_connection_t *c = r->connection;
+
+	ngx_http_set_log_request(c->log, r);
+	if (ngx_handle_read_event(c->read, 0) != NGX_OK) {
+		ngx_http_finalize_request(r, NGX_HTTP_INTERNAL_SERVER_ERROR);
+	} else {
+		r->read_event_handler = ngx_http_block_reading;
+		r->write_event_handler = ngx_http_core_run_phases;
+		ngx_http_core_run_phases(r);
+	}
+	ngx_http_run_posted_requests(c);
+}
+
+static void ngx_http_tokenbucket_forget(void *arg, int err, const struct tokenbucket_result *res,
+					const struct tokenbucket_reservation *rv, double tokens)
+{
+	ngx_http_tokenbucket_engine_t *e = arg;
+
+	(void)res, (void)rv, (void)tokens;
+	ngx_http_tokenbucket_busy(e, -1);
+	if (err != 0 && err != -ECANCELED)
+		ngx_log_error(NGX_LOG_WARN, e->log, -err,
+			      "tokenbucket_zone \"%V\": tokens of a refused request not given back",
+			      &e->zone->name);
+}
+
+/* Starts limit i's call on its Redis zone; the request waits for the reply. */
+static int ngx_http_tokenbucket_ask(ngx_http_request_t *r, ngx_http_tokenbucket_ctx_t *ctx,
+				    ngx_http_tokenbucket_zone_t *z, ngx_uint_t i,
+				    enum tokenbucket_redis_op op, int64_t max_wait)
+{
+	ngx_http_tokenbucket_engine_t *e = z->engine;
+	ngx_http_tokenbucket_pending_t *p;
+	struct tokenbucket_redis_call call = {
+		.op = op,
+		.key = ctx->keys[i].data,
+		.keylen = ctx->keys[i].len,
+		.limit = { z->tokens, z->period_ns, z->burst },
+		.n = ctx->costs[i],
+		.arg = op == TOKENBUCKET_REDIS_RESERVE ? max_wait : 0,
+	};
 	int rc;
 
-	if (ngx_http_tokenbucket_get_ctx(r) != NULL)
-		return NGX_DECLINED; /* decided already (after a delay or a redirect) */
-	tcf = ngx_http_get_module_loc_conf(r, ngx_http_tokenbucket_module);
-	if (tcf->limits == NULL)
-		return NGX_DECLINED;
-
-	ctx = ngx_pcalloc(r->main->pool, sizeof(*ctx));
-	cln = ngx_pool_cleanup_add(r->main->pool, 0);
-	n = tcf->limits->nelts;
-	rv = rv_local;
-	keys = keys_local;
-	if (n > NGX_HTTP_TB_LOCAL_LIMITS) {
-		rv = ngx_pcalloc(r->pool, n * sizeof(*rv));
-		keys = ngx_pcalloc(r->pool, n * sizeof(*keys));
+	if (e == NULL)
+		return -ENOTCONN;
+	p = ngx_alloc(sizeof(*p), r->connection->log);
+	if (p == NULL)
+		return -ENOMEM;
+	p->r = r;
+	p->ctx = ctx;
+	p->engine = e;
+	rc = tokenbucket_redis_async_start(e->async, &call, ngx_http_tokenbucket_reply, p);
+	if (rc != 0) {
+		ngx_free(p);
+		return rc;
 	}
-	if (ctx == NULL || cln == NULL || rv == NULL || keys == NULL)
-		return NGX_HTTP_INTERNAL_SERVER_ERROR;
-	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
-	cln->data = ctx;
-	ngx_http_set_ctx(r->main, ctx, ngx_http_tokenbucket_module);
-	ctx->status = NGX_HTTP_TB_PASSED;
+	ngx_http_tokenbucket_busy(e, 1);
+	ctx->pending = p;
+	r->read_event_handler = ngx_http_test_reading;
+	r->write_event_handler = ngx_http_request_empty_handler;
+	return 0;
+}
 
-	limits = tcf->limits->elts;
-	now = tokenbucket_now();
-	for (i = 0; i < n; i++) {
+/*
+ * Gives back what limits 0 to upto - 1 took for a request refused or
+ * failed.  A table's reservation is cancelled at the request's "now", so
+ * all of it comes back; a Redis reservation is refunded in Redis (no reply
+ * awaited), or cancelled in the fallback's bucket that granted it.
+ */
+static void ngx_http_tokenbucket_give_back(ngx_http_request_t *r, ngx_http_tokenbucket_ctx_t *ctx,
+					   ngx_uint_t upto)
+{
+	ngx_http_tokenbucket_conf_t *tcf = ngx_http_get_module_loc_conf(r,
+									ngx_http_tokenbucket_module);
+	ngx_http_tokenbucket_limit_t *limits = tcf->limits->elts;
+	ngx_http_tokenbucket_zone_t *z;
+	ngx_str_t *k;
+	ngx_uint_t j;
+
+	for (j = 0; j < upto; j++) {
+		k = &ctx->keys[j];
+		if (k->len == 0 || ctx->rv[j].tokens == 0)
+			continue;
+		z = limits[j].shm_zone->data;
+		if (z->nseeds == 0) {
+			tokenbucket_table_cancel_at(z->table, k->data, k->len, &ctx->rv[j], ctx->now);
+			continue;
+		}
+		struct tokenbucket_redis_limit lim = { z->tokens, z->period_ns, z->burst };
+		if (ctx->local[j]) {
+			tokenbucket_redis_cancel(z->engine->client, k->data, k->len, &lim, &ctx->rv[j]);
+			continue;
+		}
+		struct tokenbucket_redis_call call = {
+			.op = TOKENBUCKET_REDIS_REFUND, .key = k->data, .keylen = k->len,
+			.limit = lim, .n = ctx->rv[j].tokens,
+		};
+		if (tokenbucket_redis_async_start(z->engine->async, &call, ngx_http_tokenbucket_forget,
+						  z->engine) == 0)
+			ngx_http_tokenbucket_busy(z->engine, 1);
+		ctx->rv[j].tokens = 0;
+	}
+}
+
+/*
+ * Every limit must allow.  Each takes its tokens by reservation, the last
+ * (without delay) by allow_result; on a refusal what was taken is given
+ * back, so a refused request takes nothing.  A Redis zone's limit returns
+ * NGX_AGAIN with its call in flight; the reply resumes here at that limit.
+ */
+static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tokenbucket_ctx_t *ctx)
+{
+	ngx_http_tokenbucket_conf_t *tcf = ngx_http_get_module_loc_conf(r,
+									ngx_http_tokenbucket_module);
+	ngx_http_tokenbucket_limit_t *limits = tcf->limits->elts;
+	ngx_http_tokenbucket_zone_t *z;
+	struct tokenbucket_result res;
+	ngx_str_t *k;
+	ngx_uint_t i, n = tcf->limits->nelts, level, last;
+	uint64_t cost = 0;
+	int64_t now = ctx->now, wait, max_wait;
+	int rc = 0;
+
+	for (i = ctx->next; i < n; i++) {
 		z = limits[i].shm_zone->data;
-		if (ngx_http_complex_value(r, &limits[i].key, &keys[i]) != NGX_OK ||
-		    ngx_http_tokenbucket_cost(r, &limits[i], &cost) != NGX_OK)
-			goto failed;
-		if (keys[i].len == 0 || cost == 0)
+		k = &ctx->keys[i];
+		cost = ctx->costs[i];
+		if (k->len == 0 || cost == 0)
 			continue; /* as limit_req: an empty key is not limited */
 		max_wait = (int64_t)limits[i].delay * 1000000;
-		if (i == n - 1 && max_wait == 0) {
-			rc = tokenbucket_table_allow_result_at(z->table, now, keys[i].data,
-							       keys[i].len, cost, &res);
+		last = i == n - 1 && max_wait == 0;
+		if (z->nseeds > 0) {
+			if (!ctx->replied) {
+				rc = ngx_http_tokenbucket_ask(r, ctx, z, i,
+							      last ? TOKENBUCKET_REDIS_ALLOW
+								   : TOKENBUCKET_REDIS_RESERVE,
+							      max_wait);
+				if (rc != 0)
+					goto lib_error;
+				ctx->next = i;
+				return NGX_AGAIN;
+			}
+			ctx->replied = 0;
+			rc = ctx->reply_err;
+			res = ctx->reply_res;
+			if (rc == -ETIMEDOUT || rc == -E2BIG || rc == -EOVERFLOW) {
+				res.allowed = false;
+				if (rc != -ETIMEDOUT)
+					res.retry_after_ns = TOKENBUCKET_NEVER;
+				goto refused;
+			}
+			if (rc != 0)
+				goto lib_error;
+			if (last && !res.allowed)
+				goto refused;
+			if (!last) {
+				ctx->rv[i] = ctx->reply_rv;
+				ctx->local[i] = (res.flags & TOKENBUCKET_RESULT_LOCAL) != 0;
+				/* A granted reservation's retry_after_ns is its delay. */
+				if (res.retry_after_ns > 0 &&
+				    ctx->reply_at + res.retry_after_ns > ctx->until)
+					ctx->until = ctx->reply_at + res.retry_after_ns;
+			}
+		} else if (last) {
+			rc = tokenbucket_table_allow_result_at(z->table, now, k->data, k->len, cost,
+							       &res);
 			if (rc != 0)
 				goto lib_error;
 			if (!res.allowed)
 				goto refused;
 		} else {
-			rc = tokenbucket_table_reserve_at(z->table, now, keys[i].data, keys[i].len,
-							  cost, max_wait, &rv[i]);
+			rc = tokenbucket_table_reserve_at(z->table, now, k->data, k->len, cost,
+							  max_wait, &ctx->rv[i]);
 			if (rc == -ETIMEDOUT || rc == -E2BIG || rc == -EBUSY || rc == -EOVERFLOW) {
 				/* The report: the tokens now, and when cost of them is there. */
 				struct tokenbucket_reservation probe;
-				if (tokenbucket_table_allow_result_at(z->table, now, keys[i].data,
-								      keys[i].len, 0, &res) != 0)
+				if (tokenbucket_table_allow_result_at(z->table, now, k->data, k->len,
+								      0, &res) != 0)
 					goto lib_error;
 				res.allowed = false;
 				res.retry_after_ns = TOKENBUCKET_NEVER;
 				if (rc == -ETIMEDOUT &&
-				    tokenbucket_table_reserve_at(z->table, now, keys[i].data,
-								 keys[i].len, cost,
+				    tokenbucket_table_reserve_at(z->table, now, k->data, k->len, cost,
 								 TOKENBUCKET_NEVER, &probe) == 0) {
 					res.retry_after_ns = probe.time_to_act - now;
-					tokenbucket_table_cancel_at(z->table, keys[i].data,
-								    keys[i].len, &probe, now);
+					tokenbucket_table_cancel_at(z->table, k->data, k->len, &probe,
+								    now);
 				}
 				goto refused;
 			}
 			if (rc != 0)
 				goto lib_error;
-			if (rv[i].time_to_act - now > wait)
-				wait = rv[i].time_to_act - now;
+			if (ctx->rv[i].time_to_act > ctx->until)
+				ctx->until = ctx->rv[i].time_to_act;
 			if (!tcf->headers)
 				continue;
-			if (tokenbucket_table_allow_result_at(z->table, now, keys[i].data,
-							      keys[i].len, 0, &res) != 0)
+			if (tokenbucket_table_allow_result_at(z->table, now, k->data, k->len, 0,
+							      &res) != 0)
 				goto lib_error;
 		}
-		if (!have_best || res.remaining < best.remaining) {
-			best = res;
-			have_best = 1;
+		if (!ctx->have_best || res.remaining < ctx->best.remaining) {
+			ctx->best = res;
+			ctx->have_best = 1;
 		}
 	}
 
-	if (have_best) {
-		ctx->res = best;
+	ctx->deciding = 0;
+	if (ctx->have_best) {
+		ctx->res = ctx->best;
 		ctx->has_res = 1;
-		if (tcf->headers && !tcf->dry_run && ngx_http_tokenbucket_headers(r, &best) != NGX_OK)
+		if (tcf->headers && !tcf->dry_run &&
+		    ngx_http_tokenbucket_headers(r, &ctx->best) != NGX_OK)
 			return NGX_HTTP_INTERNAL_SERVER_ERROR;
 	}
+	if (ctx->until <= now)
+		return NGX_DECLINED;
+	/* What is left of the delay once the replies came. */
+	wait = ctx->until - (ctx->reply_at != 0 ? tokenbucket_now() : now);
 	if (wait <= 0)
 		return NGX_DECLINED;
 	if (tcf->dry_run) {
@@ -739,19 +1355,16 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	return NGX_AGAIN;
 
 refused:
-	for (j = 0; j < i; j++)
-		if (keys[j].len != 0 && rv[j].tokens != 0) {
-			z = limits[j].shm_zone->data;
-			tokenbucket_table_cancel_at(z->table, keys[j].data, keys[j].len, &rv[j], now);
-		}
-	z = limits[i].shm_zone->data;
+	ngx_http_tokenbucket_give_back(r, ctx, i);
+	ctx->deciding = 0;
 	ctx->res = res;
 	ctx->has_res = 1;
 	ngx_log_error(tcf->log_level, r->connection->log, 0,
-		      "tokenbucket: %s request by zone \"%V\", cost %uL%s",
+		      "tokenbucket: %s request by zone \"%V\", cost %uL%s%s",
 		      tcf->dry_run ? "would refuse the" : "refusing the", &z->name,
 		      (unsigned long long)cost,
-		      res.flags & TOKENBUCKET_RESULT_NO_BUCKET ? ", the zone is full" : "");
+		      res.flags & TOKENBUCKET_RESULT_NO_BUCKET ? ", the zone is full" : "",
+		      res.flags & TOKENBUCKET_RESULT_LOCAL ? ", decided by the fallback" : "");
 	if (tcf->dry_run) {
 		ctx->status = NGX_HTTP_TB_REJECTED_DRY_RUN;
 		return NGX_DECLINED;
@@ -762,16 +1375,62 @@ refused:
 	return (ngx_int_t)tcf->status;
 
 lib_error:
-	z = limits[i].shm_zone->data;
 	ngx_log_error(NGX_LOG_ERR, r->connection->log, -rc, "tokenbucket: zone \"%V\" failed",
 		      &z->name);
-failed:
-	for (j = 0; j < i; j++)
-		if (keys[j].len != 0 && rv[j].tokens != 0) {
-			z = limits[j].shm_zone->data;
-			tokenbucket_table_cancel_at(z->table, keys[j].data, keys[j].len, &rv[j], now);
-		}
+	ngx_http_tokenbucket_give_back(r, ctx, i);
+	ctx->deciding = 0;
 	return NGX_HTTP_INTERNAL_SERVER_ERROR;
+}
+
+static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
+{
+	ngx_http_tokenbucket_conf_t *tcf;
+	ngx_http_tokenbucket_limit_t *limits;
+	ngx_http_tokenbucket_ctx_t *ctx = ngx_http_tokenbucket_get_ctx(r);
+	ngx_pool_cleanup_t *cln;
+	ngx_uint_t i, n;
+	u_char *p;
+
+	if (ctx != NULL) {
+		if (!ctx->deciding)
+			return NGX_DECLINED; /* decided already (after a delay or a redirect) */
+		if (ctx->pending != NULL)
+			return NGX_AGAIN; /* still waiting for Redis */
+		return ngx_http_tokenbucket_decide(r, ctx);
+	}
+	tcf = ngx_http_get_module_loc_conf(r, ngx_http_tokenbucket_module);
+	if (tcf->limits == NULL)
+		return NGX_DECLINED;
+
+	n = tcf->limits->nelts;
+	p = ngx_pcalloc(r->main->pool, sizeof(*ctx) +
+					       n * (sizeof(*ctx->rv) + sizeof(*ctx->keys) +
+						    sizeof(*ctx->costs) + sizeof(*ctx->local)));
+	cln = ngx_pool_cleanup_add(r->main->pool, 0);
+	if (p == NULL || cln == NULL)
+		return NGX_HTTP_INTERNAL_SERVER_ERROR;
+	ctx = (ngx_http_tokenbucket_ctx_t *)p;
+	ctx->rv = (struct tokenbucket_reservation *)(ctx + 1);
+	ctx->keys = (ngx_str_t *)(ctx->rv + n);
+	ctx->costs = (uint64_t *)(ctx->keys + n);
+	ctx->local = (u_char *)(ctx->costs + n);
+	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
+	cln->data = ctx;
+	ngx_http_set_ctx(r->main, ctx, ngx_http_tokenbucket_module);
+	ctx->status = NGX_HTTP_TB_PASSED;
+	ctx->resume.handler = ngx_http_tokenbucket_resume;
+	ctx->resume.data = r;
+	ctx->resume.log = r->connection->log;
+
+	limits = tcf->limits->elts;
+	for (i = 0; i < n; i++)
+		if (ngx_http_complex_value(r, &limits[i].key, &ctx->keys[i]) != NGX_OK ||
+		    ngx_http_tokenbucket_cost(r, &limits[i], &ctx->costs[i]) != NGX_OK)
+			return NGX_HTTP_INTERNAL_SERVER_ERROR;
+	ctx->deciding = 1;
+	ctx->now = tokenbucket_now();
+	ctx->until = ctx->now;
+	return ngx_http_tokenbucket_decide(r, ctx);
 }
 
 /* ---- Variables ----------------------------------------------------------- */

@@ -22,8 +22,22 @@ nginx_bin=${NGINX:-/usr/sbin/nginx}
 prefix=$(mktemp -d "${TMPDIR:-/tmp}/tb-nginx.XXXXXX")
 chmod 755 "$prefix"
 master=
+master2=
+redis=
 failures=0
+# stop_pid PID: SIGQUIT (nginx's graceful stop; redis-server's exit), then SIGKILL.
+stop_pid() {
+	[ -n "$1" ] && kill -0 "$1" 2>/dev/null || return 0
+	kill -QUIT "$1" 2>/dev/null
+	for _ in $(seq 50); do kill -0 "$1" 2>/dev/null || break; sleep 0.1; done
+	kill -KILL "$1" 2>/dev/null
+	wait "$1" 2>/dev/null
+}
 cleanup() {
+	stop_pid "$master2"
+	stop_pid "$redis"
+	grep -qE 'Sanitizer|runtime error:' "$prefix/b/error.log" 2>/dev/null &&
+		cat "$prefix/b/error.log" >>"$prefix/error.log"
 	# The pid file names the master too (the same one, unless it was replaced).
 	if [ -z "$master" ] && [ -s "$prefix/nginx.pid" ]; then
 		master=$(cat "$prefix/nginx.pid")
@@ -57,15 +71,16 @@ check() { # check DESCRIPTION COMMAND...
 
 mkdir -p "$prefix/html" "$prefix/tmp"
 echo hello >"$prefix/html/index.html"
-for p in a b both a-only bytes delay slow dry flood open evict hot; do
+for p in a b both a-only bytes delay slow dry flood open evict hot rr rr2; do
 	mkdir -p "$prefix/html/$p"
 	echo hello >"$prefix/html/$p/index.html"
 done
 port=$("$client" port)
 
-# write_conf ZONES LOCATIONS: the configuration for this group.
+# write_conf ZONES LOCATIONS [PREFIX PORT]: the configuration for this
+# group (of a second nginx, with PREFIX and PORT).
 write_conf() {
-	local user=""
+	local user="" prefix=${3:-$prefix} port=${4:-$port}
 	[ "$(id -u)" -eq 0 ] && user="user root root;"
 	cat >"$prefix/nginx.conf" <<EOF
 $user
@@ -108,17 +123,40 @@ run_nginx() {
 	exec "$nginx_bin" "$@"
 }
 
+# start_nginx [PREFIX PORT]: the group's nginx (or a second one, whose
+# master is then master2).
 start_nginx() {
+	local prefix=${1:-$prefix} port=${2:-$port} pid
 	(run_nginx -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/error.log") &
-	master=$!
+	pid=$!
+	if [ -n "${1:-}" ]; then master2=$pid; else master=$pid; fi
 	for _ in $(seq 100); do
 		if "$client" "$port" 1 0 /index.html >/dev/null 2>&1; then return 0; fi
-		kill -0 "$master" 2>/dev/null || break
+		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.1
 	done
 	fail "nginx did not start"
 	exit 1
 }
+
+# start_redis: a redis-server on the loopback port $redis_port (chosen
+# once, so that a restart finds the same address), without persistence.
+redis_port=
+start_redis() {
+	command -v redis-server >/dev/null || skip "no redis-server"
+	[ -n "$redis_port" ] || redis_port=$("$client" port)
+	redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no \
+		--dir "$prefix" --logfile "$prefix/redis.log" &
+	redis=$!
+	for _ in $(seq 100); do
+		[ "$(redis-cli -p "$redis_port" ping 2>/dev/null)" = PONG ] && return 0
+		kill -0 "$redis" 2>/dev/null || break
+		sleep 0.1
+	done
+	fail "redis-server did not start"
+	exit 1
+}
+rcli() { redis-cli -p "$redis_port" "$@"; }
 
 # get PATH N INTERVAL_US [HEADER ...]: the client's lines.
 get() {
@@ -127,6 +165,31 @@ get() {
 	"$client" "$port" "$n" "$us" "$path" "$@"
 }
 count() { awk -v s="$1" '$2 == s { n++ } END { print n + 0 }'; }
+not_in_log() { ! grep -qE "$1" "$prefix/error.log"; }
+
+# reload_nginx ZONES LOCATIONS: a reload (SIGHUP) to the configuration with
+# one more location, and a second for the new workers to take over.
+reload_nginx() {
+	write_conf "$1" "$2
+		location /index.html { }"
+	kill -HUP "$master"
+	for _ in $(seq 50); do
+		grep -q 'reconfiguring' "$prefix/error.log" && break
+		sleep 0.1
+	done
+	sleep 1
+}
+
+# check_delays WHAT: 11 requests on /delay/ (10r/s, burst 1, delay=5s) are
+# all served, and none before the rate made their tokens.
+check_delays() {
+	local t0 t1 out
+	t0=$(date +%s%N)
+	out=$(get /delay/ 11 0 "X-Key: d1")
+	t1=$(date +%s%N)
+	check "$1 all served" test "$(count 200 <<<"$out")" = 11
+	check "and no earlier than 1 s ($(((t1 - t0) / 1000000)) ms)" test $((t1 - t0)) -ge 990000000
+}
 
 # within_bound LINES BURST TOKENS PERIOD_NS [SLACK]: the 200s of a paced run
 # are at most burst + floor(elapsed * tokens / period) for the elapsed time
@@ -220,11 +283,7 @@ delay)
 		location /delay/ { tokenbucket zone=d key=\$http_x_key delay=5s; }
 		location /slow/ { tokenbucket zone=s key=\$http_x_key delay=500ms; }"
 	start_nginx
-	t0=$(date +%s%N)
-	out=$(get /delay/ 11 0 "X-Key: d1")
-	t1=$(date +%s%N)
-	check "11 delayed requests all served" test "$(count 200 <<<"$out")" = 11
-	check "and no earlier than 1 s ($(((t1 - t0) / 1000000)) ms)" test $((t1 - t0)) -ge 990000000
+	check_delays "11 delayed requests"
 	check "a wait beyond the bound is refused" \
 		test "$(get /slow/ 2 0 "X-Key: s1" | awk '{ printf "%s,", $2 }')" = "200,429,"
 	sleep 0.3
@@ -244,14 +303,7 @@ reload)
 	get /hot/ 400 10000 "X-Key: h" >"$prefix/hot.out" &
 	loader=$!
 	sleep 1
-	write_conf "$zones" "$locs
-		location /index.html { }"
-	kill -HUP "$master"
-	for _ in $(seq 50); do
-		grep -q 'reconfiguring' "$prefix/error.log" && break
-		sleep 0.1
-	done
-	sleep 1
+	reload_nginx "$zones" "$locs"
 	check "after the reload, k is still empty" test "$(get /slow/ 1 0 "X-Key: k" | count 200)" = 0
 	check "a new key is full" test "$(get /slow/ 5 0 "X-Key: n" | count 200)" = 5
 	wait "$loader"
@@ -263,11 +315,18 @@ reload)
 	check "a zone whose burst changed starts afresh" \
 		test "$(get /slow/ 7 0 "X-Key: k" | count 200)" = 6
 	;;
-kill)
+kill | redis-kill)
 	# A worker SIGKILLed under load: the master respawns it, the zone stays
-	# consistent and the key's bound holds over both clients.
+	# consistent and the key's bound holds over both clients.  redis-kill:
+	# the same with the zone in Redis (a killed worker's calls in flight
+	# stay spent; its replacement opens a client of its own).
+	where="keys=1024"
+	if [ "$group" = redis-kill ]; then
+		start_redis
+		where="redis=redis://127.0.0.1:$redis_port"
+	fi
 	write_conf "
-	tokenbucket_zone zone=hot keys=1024 rate=50r/s burst=20;" "
+	tokenbucket_zone zone=hot $where rate=50r/s burst=20;" "
 		location /hot/ { tokenbucket zone=hot key=\$http_x_key; }"
 	start_nginx
 	get /hot/ 800 5000 "X-Key: k" >"$prefix/c1.out" &
@@ -309,6 +368,165 @@ flood)
 	check "an old key is still limited (closed)" \
 		test "$(get /flood/ 1 0 "X-Key: f0" | count 429)" = 1
 	;;
+redis-share)
+	# One Redis zone shared by two nginx (two workers each): every grant
+	# across both within one bound; several zones; delays through Redis.
+	start_redis
+	r="redis=redis://127.0.0.1:$redis_port"
+	zones="
+	tokenbucket_zone zone=g $r rate=20r/s burst=10;
+	tokenbucket_zone zone=all $r rate=1r/min burst=4;
+	tokenbucket_zone zone=r1 $r rate=1r/min burst=5;
+	tokenbucket_zone zone=d $r rate=10r/s burst=1;
+	tokenbucket_zone zone=rr1 $r rate=1r/min burst=2;
+	tokenbucket_zone zone=rr2 $r rate=1r/min burst=3;
+	tokenbucket_zone zone=rs $r rate=6r/min burst=1;
+	tokenbucket_zone zone=perkey keys=1024 rate=1r/min burst=3;
+	tokenbucket_zone zone=l1 keys=1024 rate=1r/min burst=1;"
+	locs="
+		location /a/ { tokenbucket zone=g key=\$http_x_key; }
+		location /both/ {
+			tokenbucket zone=perkey key=\$http_x_key;
+			tokenbucket zone=all key=all;
+		}
+		location /a-only/ { tokenbucket zone=perkey key=\$http_x_key; }
+		location /b/ {
+			tokenbucket zone=r1 key=\$http_x_key;
+			tokenbucket zone=l1 key=\$http_x_key;
+		}
+		location /bytes/ { tokenbucket zone=r1 key=\$http_x_key; }
+		location /delay/ { tokenbucket zone=d key=\$http_x_key delay=5s; }
+		location /rr/ {
+			tokenbucket zone=rr2 key=\$http_x_key;
+			tokenbucket zone=rr1 key=\$http_x_key;
+		}
+		location /rr2/ { tokenbucket zone=rr2 key=\$http_x_key; }
+		location /slow/ { tokenbucket zone=rs key=\$http_x_key delay=500ms; }"
+	port2=$("$client" port)
+	mkdir -p "$prefix/b/html/a" "$prefix/b/tmp"
+	echo hello >"$prefix/b/html/index.html"
+	echo hello >"$prefix/b/html/a/index.html"
+	write_conf "$zones" "$locs"
+	write_conf "$zones" "$locs" "$prefix/b" "$port2"
+	sed -i "s|root $prefix/html|root $prefix/b/html|" "$prefix/b/nginx.conf"
+	start_nginx
+	start_nginx "$prefix/b" "$port2"
+	get /a/ 150 20000 "X-Key: shared" >"$prefix/c1.out" &
+	c1=$!
+	"$client" "$port2" 150 20000 /a/ "X-Key: shared" >"$prefix/c2.out" &
+	c2=$!
+	wait "$c1" "$c2"
+	all=$(sort -n "$prefix/c1.out" "$prefix/c2.out")
+	# Decisions are made at Redis's time, up to a round trip after the send:
+	# the lower bound allows a second's worth for a loaded machine.
+	check "two nginx on one Redis key within 10 + 20/s" within_bound "$all" 10 20 1000000000 20
+	check "both nginx were granted some" \
+		test "$(count 200 <"$prefix/c1.out")" -gt 0 -a "$(count 200 <"$prefix/c2.out")" -gt 0
+	check "no errors" test "$(awk '$2 != 200 && $2 != 429' <<<"$all" | wc -l)" = 0
+	check "the key is in Redis under the zone's prefix" \
+		test "$(rcli exists tokenbucket:g:shared)" = 1
+	hdrs=$(printf 'GET /a/ HTTP/1.1\r\nHost: x\r\nX-Key: h\r\nConnection: close\r\n\r\n' |
+		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3")
+	check "RateLimit-Limit is the burst" grep -q $'^RateLimit-Limit: 10\r$' <<<"$hdrs"
+	check "RateLimit-Remaining 9" grep -q $'^RateLimit-Remaining: 9\r$' <<<"$hdrs"
+	# A table, then Redis: a refusal by Redis takes nothing from the table.
+	check "k1: 3 granted by perkey" test "$(get /both/ 4 0 "X-Key: k1" | count 200)" = 3
+	check "k2: 1 granted, then Redis's 'all' is empty" \
+		test "$(get /both/ 6 0 "X-Key: k2" | count 200)" = 1
+	check "k2's refusals by Redis took nothing from perkey" \
+		test "$(get /a-only/ 4 0 "X-Key: k2" | count 200)" = 2
+	# Redis, then a table: a refusal by the table gives Redis's tokens back.
+	check "1 of 4 granted (l1 refuses the rest)" \
+		test "$(get /b/ 4 0 "X-Key: k3" | count 200)" = 1
+	check "r1 got its refused tokens back: 4 more granted, then 429" \
+		test "$(get /bytes/ 5 0 "X-Key: k3" | awk '{ printf "%s,", $2 }')" = \
+		"200,200,200,200,429,"
+	check "nginx b sees the same bucket" \
+		test "$("$client" "$port2" 1 0 /bytes/ "X-Key: k3" | count 429)" = 1
+	# Two Redis zones: the second's refusals give the first's tokens back.
+	check "2 of 4 granted by rr2 then rr1" test "$(get /rr/ 4 0 "X-Key: k4" | count 200)" = 2
+	check "rr2 got the refused requests' tokens back: 1 left" \
+		test "$(get /rr2/ 2 0 "X-Key: k4" | awk '{ printf "%s,", $2 }')" = "200,429,"
+	check_delays "11 requests delayed through Redis"
+	out=$(get /slow/ 2 0 "X-Key: s1")
+	check "a wait beyond the bound is refused" \
+		test "$(awk '{ printf "%s,", $2 }' <<<"$out")" = "200,429,"
+	retry=$(tail -1 <<<"$out" | awk '{ print $4 }')
+	check "with Retry-After $retry within [9, 10]" test "$retry" -ge 9 -a "$retry" -le 10
+	sleep 0.3
+	check "log: DELAYED" grep -q '^d1 200 DELAYED ' "$prefix/access.log"
+	check "log: REJECTED with remaining 0" grep -q '^k2 429 REJECTED 0 ' "$prefix/access.log"
+	# A reload: new workers open their clients, the old ones close theirs;
+	# the levels are Redis's.
+	reload_nginx "$zones" "$locs"
+	check "after a reload, k3 is still empty in r1" \
+		test "$(get /bytes/ 1 0 "X-Key: k3" | count 429)" = 1
+	check "a new key after the reload gets r1's burst" \
+		test "$(get /bytes/ 6 0 "X-Key: k9" | count 200)" = 5
+	for _ in $(seq 50); do
+		[ "$(grep -c 'exited with code 0' "$prefix/error.log")" -ge 2 ] && break
+		sleep 0.1
+	done
+	check "the old workers exited" test "$(grep -c 'exited with code 0' "$prefix/error.log")" -ge 2
+	check "and left no socket open" not_in_log 'open socket|left in connection'
+	;;
+redis-down)
+	# Redis paused, then killed mid-run: the fallback decides (share 0.5 of
+	# the limit per worker), a zone without fallback answers 500; then
+	# Redis is back.
+	start_redis
+	r="redis=redis://127.0.0.1:$redis_port timeout=300ms"
+	write_conf "
+	tokenbucket_zone zone=f $r rate=20r/s burst=10 fallback=0.5;
+	tokenbucket_zone zone=s $r rate=1r/min burst=10 fallback=0.5;
+	tokenbucket_zone zone=n $r rate=1r/min burst=10;" "
+		location /a/ { tokenbucket zone=f key=\$http_x_key; }
+		location /slow/ { tokenbucket zone=s key=\$http_x_key; }
+		location /b/ { tokenbucket zone=n key=\$http_x_key; }"
+	start_nginx
+	check "Redis decides: 10 of 12 granted" test "$(get /slow/ 12 0 "X-Key: k1" | count 200)" = 10
+	check "the key is in Redis" test "$(rcli exists tokenbucket:s:k1)" = 1
+	# Redis paused (SIGSTOP): each call ends at the timeout, on the
+	# library's timer in nginx's loop, and the fallback decides.
+	kill -STOP "$redis"
+	out=$(get /slow/ 3 0 "X-Key: p1")
+	nofb=$(get /b/ 1 0 "X-Key: p1")
+	kill -CONT "$redis"
+	check "Redis paused: the fallback grants" test "$(count 200 <<<"$out")" = 3
+	check "Redis paused: without fallback, 500" test "$(count 500 <<<"$nofb")" = 1
+	get /a/ 300 10000 "X-Key: k2" >"$prefix/run.out" &
+	loader=$!
+	sleep 1
+	kill -KILL "$redis"
+	wait "$redis" 2>/dev/null
+	redis=
+	wait "$loader"
+	out=$(cat "$prefix/run.out")
+	check "no errors while Redis went down" \
+		test "$(awk '$2 != 200 && $2 != 429' <<<"$out" | wc -l)" = 0
+	# Redis's bucket and then each worker's fallback bucket (5 + 10/s) may
+	# grant: within 10 + 20/s + 2 x 5 + 2 x 10/s over the run.
+	check "grants within Redis's bound plus both workers' fallback shares" \
+		within_bound "$out" 20 40 1000000000 1000
+	down=$(get /slow/ 12 0 "X-Key: k3")
+	check "Redis down: a fresh key gets the fallback's burst (5 or 10 over 2 workers)" \
+		test "$(count 200 <<<"$down")" -ge 5 -a "$(count 200 <<<"$down")" -le 10
+	check "Redis down: refusals are 429" test "$(count 429 <<<"$down")" -ge 2
+	check "without fallback: 500" test "$(get /b/ 2 0 "X-Key: k4" | count 500)" = 2
+	sleep 0.3
+	check "log: refusals decided by the fallback" grep -q 'decided by the fallback' "$prefix/error.log"
+	start_redis
+	for _ in $(seq 50); do
+		get /b/ 1 0 "X-Key: probe" >/dev/null
+		[ "$(rcli exists tokenbucket:n:probe)" = 1 ] && break
+		sleep 0.2
+	done
+	check "Redis back: the zone without fallback decides again" \
+		test "$(get /b/ 12 0 "X-Key: k5" | count 200)" = 10
+	check "Redis back: a fresh key gets Redis's burst of 10" \
+		test "$(get /slow/ 12 0 "X-Key: k6" | count 200)" = 10
+	check "and Redis holds it" test "$(rcli exists tokenbucket:s:k6)" = 1
+	;;
 config)
 	# nginx -t refuses bad configuration, naming the directive and the value.
 	bad() { # bad ZONES LOCATIONS EXPECTED...
@@ -340,8 +558,30 @@ config)
 	bad "$z" "location / { tokenbucket zone=z; }" tokenbucket 'key='
 	bad "$z" "$l tokenbucket_status 200;" tokenbucket_status '"200"' 'between 400 and 599'
 	bad "$z $z" "" tokenbucket_zone '"z" is already defined'
+	bad "tokenbucket_zone zone=r redis=http://x rate=1r/s;" "" tokenbucket_zone 'redis=http://x'
+	bad "tokenbucket_zone zone=r cluster=redis://a:1,,redis://b:2 rate=1r/s;" "" \
+		tokenbucket_zone 'cluster=redis://a:1,,redis://b:2' 'empty address'
+	bad "tokenbucket_zone zone=r cluster=unix:/x rate=1r/s;" "" tokenbucket_zone 'cluster=unix:/x'
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s fallback=2;" "" \
+		tokenbucket_zone 'fallback=2' '(0, 1]'
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s timeout=0;" "" \
+		tokenbucket_zone 'timeout=0'
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s keys=10;" "" \
+		tokenbucket_zone '"r"' 'no size, keys= or full='
+	bad "tokenbucket_zone zone=r redis=redis://a redis=redis://b rate=1r/s;" "" \
+		tokenbucket_zone 'redis=redis://b' 'one redis= or cluster='
+	bad "tokenbucket_zone zone=r keys=10 rate=1r/s fallback=0.5;" "" \
+		tokenbucket_zone '"r"' 'need redis= or cluster='
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s burst=5000000000000000000;" "" \
+		tokenbucket_zone '"r"' 'burst'
 	write_conf "$z" "$l"
 	check "a good configuration passes nginx -t" \
+		eval '(run_nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/t.log")'
+	write_conf "$z tokenbucket_zone zone=r redis=redis://127.0.0.1:1 rate=2.5r/min burst=3
+		\"prefix={api}:\" fallback=0.25 timeout=50ms;
+	tokenbucket_zone zone=c cluster=redis://127.0.0.1:1,redis://127.0.0.1:2 rate=1MB/s;" \
+		"$l location /r/ { tokenbucket zone=r key=\$http_x_key; tokenbucket zone=c key=x; }"
+	check "Redis zones pass nginx -t (no server needed)" \
 		eval '(run_nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/t.log")'
 	;;
 *)
