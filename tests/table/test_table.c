@@ -461,9 +461,11 @@ struct model {
 	uint64_t in_use, lossless, lossy, refused;
 };
 
+/* Q(at) - burst, the tail of a full key: the table's Q starts at TOKENBUCKET_TABLE_BURST_MAX. */
 static uint64_t model_p(const struct model *m, int64_t at)
 {
-	return (uint64_t)(((unsigned __int128)(uint64_t)(at - m->origin) * m->p) / m->q);
+	return (uint64_t)(((unsigned __int128)(uint64_t)(at - m->origin) * m->p) / m->q) +
+	       TOKENBUCKET_TABLE_BURST_MAX - m->burst;
 }
 
 static void model_take(struct model *m, const void *key, size_t len, int64_t at, uint64_t n,
@@ -528,8 +530,8 @@ static void stream_run(unsigned flags, uint64_t keys, uint64_t slots)
 	struct tbt_mem *mem = placed(1, MS, 8, slots, flags, &t, NULL);
 	struct model m = {
 		.lines = mem->header.h.lines,
-		.p = mem->header.h.p,
-		.q = mem->header.h.q,
+		.p = atomic_load(&mem->regimes.slot[0].p),
+		.q = atomic_load(&mem->regimes.slot[0].q),
 		.burst = 8,
 		.k0 = mem->header.h.k0,
 		.k1 = mem->header.h.k1,
@@ -848,10 +850,10 @@ START_TEST(bad_input)
 	ck_assert_ptr_null(t);
 	ck_assert_uint_eq(tokenbucket_table_size(0), 0);
 	ck_assert_uint_eq(tokenbucket_table_size(UINT64_MAX), 0);
-	ck_assert_uint_eq(tokenbucket_table_size(1), 256 + 128);
-	ck_assert_uint_eq(tokenbucket_table_size(4), 256 + 128);
-	ck_assert_uint_eq(tokenbucket_table_size(5), 256 + 256);
-	ck_assert_uint_eq(tokenbucket_table_size(100000), 256 + 32 * 100000);
+	ck_assert_uint_eq(tokenbucket_table_size(1), 512 + 128);
+	ck_assert_uint_eq(tokenbucket_table_size(4), 512 + 128);
+	ck_assert_uint_eq(tokenbucket_table_size(5), 512 + 256);
+	ck_assert_uint_eq(tokenbucket_table_size(100000), 512 + 32 * 100000);
 	/* 16 tokens per ns is the fastest rate a table takes. */
 	ck_assert_int_eq(tokenbucket_table_create(&t, 16, 1, 1, 1, 0), 0);
 	tokenbucket_table_free(t);
@@ -928,12 +930,28 @@ START_TEST(placed_and_corrupt)
 	h->lines = UINT64_MAX;
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
 	h->lines = saved.lines;
-	h->q = 0;
+	struct tbt_regime *rg = &((struct tbt_mem *)mem)->regimes.slot[0];
+	uint64_t q = atomic_load(&rg->q), burst = atomic_load(&rg->burst);
+	atomic_store(&rg->q, 0);
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
-	h->q = saved.q;
-	h->burst = UINT64_MAX;
+	atomic_store(&rg->q, q);
+	atomic_store(&rg->burst, UINT64_MAX);
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
-	h->burst = saved.burst;
+	atomic_store(&rg->burst, burst);
+	/* The regime in force is the one checked: a frozen table's next one too. */
+	struct tbt_regimes *g = &((struct tbt_mem *)mem)->regimes;
+	atomic_store(&g->slot[1].q, 0);
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), 0);
+	tokenbucket_table_free(u);
+	atomic_store(&g->gen, 2);
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
+	atomic_store(&g->gen, 1);
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
+	atomic_store(&g->gen, 0);
+	atomic_store(&g->slot[1].q, q);
+	((struct tbt_mem *)mem)->lock.pad[16] ^= 0x90; /* the mutex's kind (glibc) */
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
+	((struct tbt_mem *)mem)->lock.pad[16] ^= 0x90;
 	h->magic = 0;
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
 	h->magic = saved.magic;
