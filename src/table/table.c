@@ -112,12 +112,13 @@ struct tbt_call {
 	int64_t at;              /* the table's time of the call (origin applied) */
 	/*
 	 * The regime in force when the call read it: origin resolved, until =
-	 * frozen_at while a change freezes it, hoff, limit = origin + hspan
-	 * (the horizon, saturated).  The table's production is a regime of the
-	 * core's, read through the core's arithmetic (core.h, ratio.c).
+	 * frozen_at while a change freezes it, hoff.  The table's production
+	 * is a regime of the core's, read through the core's arithmetic
+	 * (core.h, ratio.c).
 	 */
 	struct tb__view v;
 	uint64_t burst;
+	uint64_t hspan; /* ns from v.origin to the horizon */
 };
 
 /* Candidate i of a call: slot i % 4 of bucket i / 4 (two slots in each of its two lines). */
@@ -136,11 +137,15 @@ static inline tb__u128 fine_of(const struct tb__view *v, int64_t at)
 	return tb__fine_units(v, at > v->until ? v->until : at);
 }
 
-/* Whether Q(at) - tail >= x (x a level): P(at) >= tail + x - hoff, with no division. */
+/*
+ * Whether Q(at) - tail >= x (x a level, at most 2^40 beyond a burst):
+ * P(at) >= tail + x - hoff, with no division.  The difference is taken
+ * modulo 2^64: exact whenever the words are a table's (tail, hoff < 2^56).
+ */
 static inline bool level_at_least(const struct tbt_call *c, int64_t at, uint64_t tail, uint64_t x)
 {
-	tb__i128 need = (tb__i128)tail + x - c->v.hoff;
-	return need <= 0 || fine_of(&c->v, at) >= (tb__u128)need * c->v.q;
+	int64_t need = (int64_t)(tail + x - c->v.hoff);
+	return need <= 0 || fine_of(&c->v, at) >= (tb__u128)(uint64_t)need * c->v.q;
 }
 
 /* Whether a tail is full at "at": Q(at) - tail >= burst. */
@@ -163,10 +168,13 @@ static int64_t level_of(const struct tbt_call *c, int64_t at, uint64_t tail)
 	return (int64_t)(full_tail(c, at) + c->burst - tail);
 }
 
-/* Whether "at" lies past the horizon, where tails could outgrow their 55 bits. */
+/*
+ * Whether "at" lies past the horizon, where tails could outgrow their 55
+ * bits.  A call's time is never before its regime's origin.
+ */
 static inline bool past_horizon(const struct tbt_call *c, int64_t at)
 {
-	return tb__past_horizon(&c->v, at);
+	return (uint64_t)at - (uint64_t)c->v.origin >= c->hspan;
 }
 
 static inline bool table_corrupt(const struct tokenbucket_table *t)
@@ -181,31 +189,29 @@ static bool table_give_up(struct tokenbucket_table *t)
 	return false;
 }
 
-static inline bool ratio_ok(uint64_t p, uint64_t q)
-{
-	return q != 0 && (p != 0 || q == 1);
-}
-
 /*
- * Reads regime slot r into v and *burst, with origin resolved (the table's
- * for regime 0), without the seqlock; false for words no regime holds.
+ * Reads regime slot r into c (v, burst, hspan), with origin resolved (the
+ * table's for regime 0), without the seqlock; false for words no regime
+ * holds: q 0 (fine0 < q fails), a burst above the most.  A rate 0 with q
+ * above 1 produces nothing all the same (F = fine0 < q).
  */
-static inline bool load_slot(const struct tbt_regime *r, int64_t table_origin,
-			     struct tb__view *v, uint64_t *burst)
+static inline __attribute__((always_inline)) bool load_slot(const struct tbt_regime *r,
+							    int64_t table_origin,
+							    struct tbt_call *c)
 {
+	struct tb__view *v = &c->v;
 	int64_t origin = atomic_load_explicit(&r->origin, memory_order_relaxed);
 	v->origin = origin == TB__NO_TIME ? table_origin : origin;
 	v->fine0 = atomic_load_explicit(&r->fine0, memory_order_relaxed);
 	v->p = atomic_load_explicit(&r->p, memory_order_relaxed);
 	v->q = atomic_load_explicit(&r->q, memory_order_relaxed);
 	v->hoff = atomic_load_explicit(&r->hoff, memory_order_relaxed);
-	*burst = atomic_load_explicit(&r->burst, memory_order_relaxed);
-	int64_t hspan = atomic_load_explicit(&r->hspan, memory_order_relaxed);
+	c->burst = atomic_load_explicit(&r->burst, memory_order_relaxed);
+	c->hspan = (uint64_t)atomic_load_explicit(&r->hspan, memory_order_relaxed);
 	v->kind = v->p ? TB__FINITE : TB__ZERO;
-	tb__i128 limit = (tb__i128)v->origin + (hspan < 0 ? 0 : hspan);
-	v->limit = limit > INT64_MAX ? INT64_MAX : (int64_t)limit;
+	v->limit = INT64_MAX; /* the core's horizon: the table keeps its own (hspan) */
 	v->until = TOKENBUCKET_NEVER;
-	return ratio_ok(v->p, v->q) && v->fine0 < v->q && *burst <= TOKENBUCKET_TABLE_BURST_MAX;
+	return v->fine0 < v->q && c->burst <= TOKENBUCKET_TABLE_BURST_MAX;
 }
 
 /* The first call fixes the table's origin; returns it. */
@@ -230,7 +236,8 @@ static void writer_help(struct tokenbucket_table *t);
  * (writer_help, never waiting).  False, the table marked corrupt, for
  * words no table holds or a seqlock that never settles.
  */
-static bool read_regime(struct tokenbucket_table *t, struct tbt_call *c, uint64_t most)
+static __attribute__((noinline)) bool read_regime_slow(struct tokenbucket_table *t,
+						       struct tbt_call *c, uint64_t most)
 {
 	struct tbt_regimes *g = &t->mem->regimes;
 	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
@@ -239,7 +246,7 @@ static bool read_regime(struct tokenbucket_table *t, struct tbt_call *c, uint64_
 		if (round == TB__ROUNDS_MAX || table_corrupt(t))
 			return table_give_up(t);
 		c->v.gen = atomic_load_explicit(&g->gen, memory_order_acquire);
-		bool ok = load_slot(&g->slot[(c->v.gen >> 1) & 1], origin, &c->v, &c->burst);
+		bool ok = load_slot(&g->slot[(c->v.gen >> 1) & 1], origin, c);
 		if (c->v.gen & 1)
 			c->v.until = atomic_load_explicit(&g->frozen_at, memory_order_relaxed);
 		atomic_thread_fence(memory_order_acquire);
@@ -260,6 +267,29 @@ static bool read_regime(struct tokenbucket_table *t, struct tbt_call *c, uint64_
 	c->at = c->now < origin ? origin : c->now;
 	if (c->at < c->v.origin && c->v.origin != TB__NO_TIME)
 		c->at = c->v.origin;
+	return true;
+}
+
+/*
+ * read_regime's usual case, inline: the origin fixed, the regime stable
+ * and valid, read once.  Everything else goes the slow way, which also
+ * fails fast on a table marked corrupt.
+ */
+static inline __attribute__((always_inline)) bool read_regime(struct tokenbucket_table *t,
+							      struct tbt_call *c, uint64_t most)
+{
+	const struct tbt_regimes *g = &t->mem->regimes;
+	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
+	uint64_t gen = atomic_load_explicit(&g->gen, memory_order_acquire);
+	bool ok = load_slot(&g->slot[(gen >> 1) & 1], origin, c);
+	atomic_thread_fence(memory_order_acquire);
+	if (__builtin_expect(!ok || (gen & 1) || origin == TB__NO_TIME ||
+				     atomic_load_explicit(&g->gen, memory_order_relaxed) != gen,
+			     0))
+		return read_regime_slow(t, c, most);
+	c->v.gen = gen;
+	/* A regime's origin is never before the table's: writers start it at a later time. */
+	c->at = c->now < c->v.origin ? c->v.origin : c->now;
 	return true;
 }
 
@@ -305,7 +335,7 @@ static inline bool bad_key(const void *key, size_t len)
  * table's time (fixing the origin unless most > burst, see read_regime).
  * False for a corrupt table.
  */
-static inline bool call_init(struct tokenbucket_table *t, int64_t now, const void *key,
+static inline __attribute__((always_inline)) bool call_init(struct tokenbucket_table *t, int64_t now, const void *key,
 			     size_t len, uint64_t most, struct tbt_call *c)
 {
 	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
@@ -417,7 +447,8 @@ static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
  * with its confirmed state, or NULL when the policy refuses (counted).
  * The key is full in its new slot: its tail is at most Q(at) - burst.
  */
-static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, uint64_t *state)
+static struct tbt_slot *insert(struct tokenbucket_table *t, const struct tbt_call *c,
+			       uint64_t *state)
 {
 	struct tbt_counters *k = &t->mem->counters;
 	int spins = 0;
@@ -549,7 +580,7 @@ struct tbt_outcome {
  * again (*rounds counts that, bounded).  Returns 0 to go on, 1 to start
  * again, -EBADMSG for a corrupt table.
  */
-static inline int regime_check(struct tokenbucket_table *t, struct tbt_call *c, uint64_t most,
+static inline __attribute__((always_inline)) int regime_check(struct tokenbucket_table *t, struct tbt_call *c, uint64_t most,
 			       int *rounds)
 {
 	if (__builtin_expect(regime_holds(t, c), 1))
@@ -573,13 +604,6 @@ static inline __attribute__((always_inline)) int take(struct tokenbucket_table *
 	struct tbt_slot *s;
 	int rounds = 0;
 again:
-	if (__builtin_expect(n > c->burst, 0)) {
-		/* A change lowered the burst under n meanwhile: refused as allow refuses it. */
-		o->allowed = false;
-		o->at = c->at;
-		o->level = (int64_t)c->burst;
-		return 0;
-	}
 	s = find(c, &st);
 	if (s == NULL) {
 		if (n == 0) {
@@ -604,21 +628,30 @@ again:
 		int moved = regime_check(t, c, n, &rounds);
 		if (moved < 0)
 			return moved;
-		if (moved)
+		if (moved) {
+			if (n > c->burst) {
+				/* A change lowered the burst under n meanwhile: refused as allow refuses it. */
+				o->allowed = false;
+				o->at = c->at;
+				o->level = (int64_t)c->burst;
+				return 0;
+			}
 			goto again;
+		}
 		if (past_horizon(c, at))
 			return -ERANGE;
 		uint64_t tail = st_tail(st), base = tail;
 		tb__u128 f = fine_of(&c->v, at);
-		tb__i128 need = (tb__i128)tail + c->burst - c->v.hoff;
+		/* As level_at_least, modulo 2^64. */
+		int64_t need = (int64_t)(tail + c->burst - c->v.hoff);
 		bool ok;
-		if (need <= 0 || f >= (tb__u128)need * c->v.q) {
+		if (need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q) {
 			/* full: drop what lies above burst */
 			base = c->v.hoff + (uint64_t)tb__whole(&c->v, f) - c->burst;
 			ok = true;
 		} else {
-			need = (tb__i128)tail + n - c->v.hoff;
-			ok = need <= 0 || f >= (tb__u128)need * c->v.q;
+			need = (int64_t)(tail + n - c->v.hoff);
+			ok = need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q;
 		}
 		o->at = at;
 		uint64_t seen = st;
@@ -1103,10 +1136,8 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 /* Whether a regime slot holds words a regime can: the checks load_slot makes, and the rate's. */
 static bool regime_valid(const struct tbt_regime *r)
 {
-	struct tb__view v;
-	uint64_t burst;
-	return load_slot(r, 0, &v, &burst) &&
-	       horizon_span(v.p, v.q, TBT_HORIZON) >= TBT_HORIZON_MIN;
+	struct tbt_call c;
+	return load_slot(r, 0, &c) && horizon_span(c.v.p, c.v.q, TBT_HORIZON) >= TBT_HORIZON_MIN;
 }
 
 /*
@@ -1317,9 +1348,8 @@ static void finish(struct tokenbucket_table *t)
 	int64_t origin = atomic_load(&t->mem->header.h.origin);
 	struct tbt_regime *nr = &g->slot[((gen >> 1) + 1) & 1];
 	struct tbt_call old = {.v.until = TOKENBUCKET_NEVER}, next;
-	if (!(gen & 1) || origin == TB__NO_TIME ||
-	    !load_slot(&g->slot[(gen >> 1) & 1], origin, &old.v, &old.burst) ||
-	    !load_slot(nr, origin, &next.v, &next.burst)) {
+	if (!(gen & 1) || origin == TB__NO_TIME || !load_slot(&g->slot[(gen >> 1) & 1], origin, &old) ||
+	    !load_slot(nr, origin, &next)) {
 		table_give_up(t); /* only a writer freezes, after fixing the origin */
 		return;
 	}
@@ -1423,7 +1453,7 @@ int tokenbucket_table_set_limit_at(struct tokenbucket_table *t, int64_t now,
 	struct tbt_regimes *g = &t->mem->regimes;
 	uint64_t gen = atomic_load(&g->gen); /* even: only writers change it, and we hold the lock */
 	struct tbt_call old;
-	if (!load_slot(&g->slot[(gen >> 1) & 1], origin, &old.v, &old.burst)) {
+	if (!load_slot(&g->slot[(gen >> 1) & 1], origin, &old)) {
 		table_give_up(t);
 		pthread_mutex_unlock(&t->mem->lock.writer);
 		return -EBADMSG;
