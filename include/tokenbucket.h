@@ -493,9 +493,11 @@ TOKENBUCKET_API void tokenbucket_table_free(struct tokenbucket_table *t);
  * bucket.  key may be NULL only with len 0.  When a new key finds no slot,
  * the policy decides: fail closed refuses (false; reserve -EBUSY), fail
  * open allows without taking anything (true; reserve succeeds with
- * tokens 0).  Past the table's horizon (2^54 tokens produced since its
- * origin) every call refuses: false, -ERANGE, NaN.  allow with key NULL
- * and len > 0, or t NULL, is false.
+ * tokens 0).  A table has no horizon (since 1.2.0): every 2^53 tokens of
+ * production the call that would write first re-anchors it, a pass over
+ * its slots under the mutex of tokenbucket_table_set_limit (waiting at
+ * most 2 s for another change: then false, -EDEADLK).  allow with key NULL
+ * and len > 0, or t NULL, or a corrupt table (-EBADMSG), is false.
  */
 TOKENBUCKET_API bool tokenbucket_table_allow(struct tokenbucket_table *t, const void *key,
 					     size_t len, uint64_t n);
@@ -504,7 +506,8 @@ TOKENBUCKET_API bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int
 /*
  * As tokenbucket_table_allow_at, filling *res as tokenbucket_allow_result
  * does; TOKENBUCKET_RESULT_NO_BUCKET says the policy decided.  -EINVAL: t
- * or res NULL, key NULL with len > 0.  -ERANGE: past the horizon.
+ * or res NULL, key NULL with len > 0.  -EDEADLK: a re-anchor waited 2 s
+ * for another change (above).  -EBADMSG: a corrupt table.
  */
 TOKENBUCKET_API int tokenbucket_table_allow_result(struct tokenbucket_table *t, const void *key,
 						   size_t len, uint64_t n,
@@ -516,7 +519,8 @@ TOKENBUCKET_API int tokenbucket_table_allow_result_at(struct tokenbucket_table *
  * As tokenbucket_reserve_at on the key's bucket.  -EINVAL: t or r NULL, key
  * NULL with len > 0.  -E2BIG, -ETIMEDOUT as tokenbucket_reserve_at.
  * -EOVERFLOW: the key would owe more than TOKENBUCKET_TABLE_DEBT_MAX.
- * -EBUSY: no slot for a new key (fail closed).  -ERANGE: past the horizon.
+ * -EBUSY: no slot for a new key (fail closed).  -EDEADLK, -EBADMSG as
+ * tokenbucket_table_allow_result_at.
  */
 TOKENBUCKET_API int tokenbucket_table_reserve(struct tokenbucket_table *t, const void *key,
 					      size_t len, uint64_t n, int64_t max_wait,
@@ -537,8 +541,8 @@ TOKENBUCKET_API void tokenbucket_table_cancel_at(struct tokenbucket_table *t, co
 						 int64_t now);
 /*
  * As tokenbucket_tokens_at on the key's bucket (burst for a key with no
- * bucket; none is made).  NaN: t NULL, key NULL with len > 0, past the
- * horizon.
+ * bucket; none is made).  NaN: t NULL, key NULL with len > 0, a corrupt
+ * table.
  */
 TOKENBUCKET_API double tokenbucket_table_tokens(struct tokenbucket_table *t, const void *key,
 						size_t len);
@@ -696,7 +700,7 @@ TOKENBUCKET_API int tokenbucket_table_open_limit(struct tokenbucket_table **tp, 
  * given to another key meanwhile).  Then the errors of
  * tokenbucket_table_reserve_at: -E2BIG (n > burst), -ETIMEDOUT (not there
  * by the deadline; never, with rate 0: nothing is taken), -EOVERFLOW,
- * -EBUSY, -ERANGE.  Other negative errno values from poll(2).  Thread-safe
+ * -EBUSY, -EDEADLK, -EBADMSG.  Other negative errno values from poll(2).  Thread-safe
  * and lock-free as the table's other calls (apart from sleeping).
  */
 TOKENBUCKET_API int tokenbucket_table_wait(struct tokenbucket_table *t, const void *key,

@@ -8,7 +8,10 @@
  * tail).  A new key gets tail <= Q(t) - burst (full), so each key is
  * exactly a single bucket whose origin is the table's.  A rate or burst
  * change (1.2) publishes a new regime whose Q continues the old one's at
- * the time of the change, so tails never move for it.  A slot changes hands by a claim (state
+ * the time of the change, so live keys' tails never move for it; tails
+ * are read modulo 2^55 relative to Q, and a re-anchor (the same change to
+ * the same limit) every TBT_ANCHOR tokens keeps them within range, so a
+ * table has no horizon.  A slot changes hands by a claim (state
  * version made odd), a fingerprint written under the claim, and a confirm
  * (version made even); a taker compares-and-swaps the state it read, so a
  * take never lands on a slot that changed hands.  docs/table.md
@@ -138,13 +141,23 @@ static inline tb__u128 fine_of(const struct tb__view *v, int64_t at)
 }
 
 /*
+ * a - b for two tails (or a tail and Q) modulo 2^55, as a signed value:
+ * tails are read relative to Q, and every tail a call writes lies within
+ * 2^54 of Q (a regime produces at most TBT_ANCHOR tokens before the table
+ * is re-anchored), so the difference is exact.
+ */
+static inline int64_t tdiff(uint64_t a, uint64_t b)
+{
+	return (int64_t)((a - b) << (64 - TBT_VER_SHIFT + 1)) >> (64 - TBT_VER_SHIFT + 1);
+}
+
+/*
  * Whether Q(at) - tail >= x (x a level, at most 2^40 beyond a burst):
- * P(at) >= tail + x - hoff, with no division.  The difference is taken
- * modulo 2^64: exact whenever the words are a table's (tail, hoff < 2^56).
+ * P(at) >= tail + x - hoff, with no division.
  */
 static inline bool level_at_least(const struct tbt_call *c, int64_t at, uint64_t tail, uint64_t x)
 {
-	int64_t need = (int64_t)(tail + x - c->v.hoff);
+	int64_t need = tdiff(tail + x, c->v.hoff);
 	return need <= 0 || fine_of(&c->v, at) >= (tb__u128)(uint64_t)need * c->v.q;
 }
 
@@ -154,10 +167,11 @@ static inline bool full_at(const struct tbt_call *c, int64_t at, uint64_t tail)
 	return level_at_least(c, at, tail, c->burst);
 }
 
-/* Q(at) - burst, the tail of a full key, exactly: one division. */
+/* Q(at) - burst modulo 2^55, the tail of a full key, exactly: one division. */
 static inline uint64_t full_tail(const struct tbt_call *c, int64_t at)
 {
-	return c->v.hoff + (uint64_t)tb__whole(&c->v, fine_of(&c->v, at)) - c->burst;
+	return (c->v.hoff + (uint64_t)tb__whole(&c->v, fine_of(&c->v, at)) - c->burst) &
+	       TBT_TAIL_MASK;
 }
 
 /* The level at "at" of tail: Q(at) - tail, never above burst. */
@@ -165,12 +179,14 @@ static int64_t level_of(const struct tbt_call *c, int64_t at, uint64_t tail)
 {
 	if (full_at(c, at, tail))
 		return (int64_t)c->burst;
-	return (int64_t)(full_tail(c, at) + c->burst - tail);
+	return tdiff(full_tail(c, at) + c->burst, tail);
 }
 
 /*
- * Whether "at" lies past the horizon, where tails could outgrow their 55
- * bits.  A call's time is never before its regime's origin.
+ * Whether the regime has produced TBT_ANCHOR tokens by "at": a call that
+ * writes a tail then re-anchors the table first (reanchor), so that every
+ * tail written lies within 2^54 of Q.  A call's time is never before its
+ * regime's origin.
  */
 static inline bool past_horizon(const struct tbt_call *c, int64_t at)
 {
@@ -498,7 +514,8 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, const struct tbt_cal
 			else
 				w = TBT_LOSSY;
 			/* The best worth; among equals the fullest (smallest tail). */
-			if (best < 0 || w < worth || (w == worth && st_tail(st) < st_tail(best_st))) {
+			if (best < 0 || w < worth ||
+			    (w == worth && tdiff(st_tail(st), st_tail(best_st)) < 0)) {
 				best = i;
 				worth = w;
 				best_st = st;
@@ -565,6 +582,36 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, const struct tbt_cal
 }
 
 /* ---- Takes ------------------------------------------------------------------ */
+
+static int tbt_lock(struct tokenbucket_table *t);
+static int change_locked(struct tokenbucket_table *t, int64_t now, uint64_t p, uint64_t q,
+			 uint64_t burst, bool exact);
+
+/*
+ * For a call about to write a tail at "at", past the TBT_ANCHOR tokens of
+ * its regime: re-anchors the table, a change to the same rate and burst at
+ * "at" (production starts again from 0 there, and every full key's tail
+ * moves up to Q - burst, so that every tail stays within 2^54 of Q),
+ * unless another call or change did so meanwhile; then reads the regime
+ * again into c (fixing the origin as read_regime does for most).  Waits
+ * for the writer mutex, at most TB__LOCK_WAIT_NS.  0, -EDEADLK, -EBADMSG.
+ */
+static __attribute__((noinline)) int reanchor(struct tokenbucket_table *t, struct tbt_call *c,
+					      int64_t at, uint64_t most)
+{
+	int err = tbt_lock(t);
+	if (err)
+		return err;
+	struct tbt_call cur = {.now = at};
+	if (!read_regime(t, &cur, UINT64_MAX))
+		err = -EBADMSG;
+	else if (past_horizon(&cur, cur.at))
+		err = change_locked(t, cur.at, cur.v.p, cur.v.q, cur.burst, true);
+	pthread_mutex_unlock(&t->mem->lock.writer);
+	if (err == 0 && !read_regime(t, c, most))
+		err = -EBADMSG;
+	return err;
+}
 
 /* What a take decided, for the result. */
 struct tbt_outcome {
@@ -638,19 +685,23 @@ again:
 			}
 			goto again;
 		}
-		if (past_horizon(c, at))
-			return -ERANGE;
+		if (__builtin_expect(past_horizon(c, at), 0)) {
+			int err = ++rounds == TB__ROUNDS_MAX ? -EBADMSG : reanchor(t, c, at, n);
+			if (err)
+				return err;
+			goto again;
+		}
 		uint64_t tail = st_tail(st), base = tail;
 		tb__u128 f = fine_of(&c->v, at);
-		/* As level_at_least, modulo 2^64. */
-		int64_t need = (int64_t)(tail + c->burst - c->v.hoff);
+		/* As level_at_least. */
+		int64_t need = tdiff(tail + c->burst, c->v.hoff);
 		bool ok;
 		if (need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q) {
 			/* full: drop what lies above burst */
 			base = c->v.hoff + (uint64_t)tb__whole(&c->v, f) - c->burst;
 			ok = true;
 		} else {
-			need = (int64_t)(tail + n - c->v.hoff);
+			need = tdiff(tail + n, c->v.hoff);
 			ok = need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q;
 		}
 		o->at = at;
@@ -687,7 +738,9 @@ bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now, const 
 	if (!call_init(t, now, key, len, n, &c) || n > c.burst)
 		return false;
 	struct tbt_outcome o = {0};
-	return !past_horizon(&c, c.at) && take(t, &c, n, false, &o) == 0 && o.allowed;
+	if (__builtin_expect(past_horizon(&c, c.at), 0) && reanchor(t, &c, c.at, n) != 0)
+		return false;
+	return take(t, &c, n, false, &o) == 0 && o.allowed;
 }
 
 bool tokenbucket_table_allow(struct tokenbucket_table *t, const void *key, size_t len, uint64_t n)
@@ -716,11 +769,11 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 		uint64_t st;
 		struct tbt_slot *s = find(&c, &st);
 		o.at = s ? key_time(s, c.at) : c.at;
-		if (past_horizon(&c, o.at))
-			return -ERANGE;
 		o.level = s ? level_of(&c, o.at, st_tail(state_again(s, st))) : (int64_t)c.burst;
 	} else {
-		int err = past_horizon(&c, c.at) ? -ERANGE : take(t, &c, n, true, &o);
+		int err = past_horizon(&c, c.at) ? reanchor(t, &c, c.at, n) : 0;
+		if (err == 0)
+			err = take(t, &c, n, true, &o);
 		if (err)
 			return err;
 	}
@@ -755,8 +808,12 @@ int tokenbucket_table_reserve_at(struct tokenbucket_table *t, int64_t now, const
 again:
 	if (n > c.burst)
 		return -E2BIG;
-	if (past_horizon(&c, c.at))
-		return -ERANGE;
+	if (past_horizon(&c, c.at)) {
+		int err = ++rounds == TB__ROUNDS_MAX ? -EBADMSG : reanchor(t, &c, c.at, n);
+		if (err)
+			return err;
+		goto again;
+	}
 	s = find(&c, &st);
 	if (s == NULL) {
 		/* A key with no bucket is full: nothing to take for 0 tokens, no wait. */
@@ -786,8 +843,12 @@ again:
 			return moved;
 		if (moved)
 			goto again;
-		if (past_horizon(&c, at))
-			return -ERANGE;
+		if (past_horizon(&c, at)) {
+			int err = ++rounds == TB__ROUNDS_MAX ? -EBADMSG : reanchor(t, &c, at, n);
+			if (err)
+				return err;
+			goto again;
+		}
 		uint64_t tail = st_tail(st);
 		bool full = full_at(&c, at, tail);
 		uint64_t base = full ? full_tail(&c, at) : tail;
@@ -861,13 +922,18 @@ again:;
 			return;
 		if (moved)
 			goto again;
-		if (past_horizon(&c, at) || at > r->time_to_act)
+		if (at > r->time_to_act)
 			return; /* too late: the tokens were used */
+		if (past_horizon(&c, at)) {
+			if (++rounds == TB__ROUNDS_MAX || reanchor(t, &c, at, 0))
+				return;
+			goto again;
+		}
 		uint64_t tail = st_tail(st);
 		if (full_at(&c, at, tail))
 			return; /* nothing fits under burst */
 		uint64_t floor_tail = full_tail(&c, at);
-		uint64_t back = tail - floor_tail > n ? tail - n : floor_tail;
+		uint64_t back = (uint64_t)tdiff(tail, floor_tail) > n ? tail - n : floor_tail;
 		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, back)))
 			return;
 		if (st_claimed(st) || st_empty(st) ||
@@ -902,10 +968,8 @@ double tokenbucket_table_tokens_at(struct tokenbucket_table *t, int64_t now, con
 	uint64_t st;
 	struct tbt_slot *s = find(&c, &st);
 	if (s == NULL)
-		return past_horizon(&c, c.at) ? NAN : (double)c.burst;
+		return (double)c.burst;
 	int64_t at = key_time(s, c.at);
-	if (past_horizon(&c, at))
-		return NAN;
 	/* The state read after the clock: no older than any take at that time. */
 	return tokens_of(&c, at, st_tail(state_again(s, st)));
 }
@@ -930,12 +994,10 @@ int tbt_covered_at(struct tokenbucket_table *t, int64_t now, const void *key, si
 	if (s == NULL)
 		return 0; /* no bucket: the key is full */
 	int64_t at = key_time(s, c.at);
-	if (past_horizon(&c, at))
-		return -ERANGE;
 	/* Covered: Q(at) - ticket >= 0. */
 	if (level_at_least(&c, at, ticket, 0))
 		return 0;
-	uint64_t missing = ticket - c.burst - full_tail(&c, at);
+	uint64_t missing = (uint64_t)tdiff(ticket, full_tail(&c, at) + c.burst);
 	*pause = tb__duration(&c.v, missing);
 	return 1;
 }
@@ -962,7 +1024,7 @@ int tokenbucket_table_next(struct tokenbucket_table *t, uint64_t *cursor, int64_
 		int64_t at = c.at < clock ? clock : c.at;
 		double tokens = (double)c.burst;
 		if (c.v.origin != TB__NO_TIME)
-			tokens = past_horizon(&c, at) ? NAN : tokens_of(&c, at, st_tail(st));
+			tokens = tokens_of(&c, at, st_tail(st));
 		*e = (struct tokenbucket_table_entry){
 			.fingerprint = f >> 8,
 			.clock = clock,
@@ -1013,18 +1075,19 @@ static int64_t horizon_span(uint64_t p, uint64_t q, uint64_t j)
 }
 
 /*
- * A regime's hspan: from its origin until Q reaches TBT_HORIZON past its
- * start, TOKENBUCKET_TABLE_BURST_MAX (0 if it has): 2^54 tokens after the
- * table's origin.  From the fraction carried in (fine0) the horizon may come a
- * nanosecond earlier than this: a token of the tails' spare bit.
+ * A regime's hspan: from its origin until it has produced TBT_ANCHOR
+ * tokens, when the next call that writes a tail re-anchors the table (from
+ * the fraction carried in, fine0, a nanosecond earlier: a token more).
  */
-static int64_t regime_hspan(uint64_t p, uint64_t q, uint64_t hoff)
+static int64_t regime_hspan(uint64_t p, uint64_t q)
 {
-	const uint64_t end = TBT_HORIZON + TOKENBUCKET_TABLE_BURST_MAX;
-	return hoff >= end ? 0 : horizon_span(p, q, end - hoff);
+	return horizon_span(p, q, TBT_ANCHOR);
 }
 
-/* Rates whose 2^54 tokens take less than this (about 13 days) are refused: too fast. */
+/*
+ * Rates whose 2^54 tokens take less than this (about 13 days) are refused:
+ * above 16 tokens per ns (re-anchors then come every 6.5 days or less).
+ */
 #define TBT_HORIZON_MIN (INT64_C(1) << 50)
 
 /* The rate and burst of a table, checked as every table function checks them. */
@@ -1102,9 +1165,7 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 		atomic_store_explicit(&r->q, k->q, memory_order_relaxed);
 		atomic_store_explicit(&r->hoff, TOKENBUCKET_TABLE_BURST_MAX, memory_order_relaxed);
 		atomic_store_explicit(&r->burst, k->burst, memory_order_relaxed);
-		atomic_store_explicit(&r->hspan,
-				      regime_hspan(k->p, k->q, TOKENBUCKET_TABLE_BURST_MAX),
-				      memory_order_relaxed);
+		atomic_store_explicit(&r->hspan, regime_hspan(k->p, k->q), memory_order_relaxed);
 	}
 	memset(&m->counters, 0, sizeof(m->counters));
 	for (uint64_t i = 0; i < lines; i++) {
@@ -1129,6 +1190,7 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 	h->k1 = key[1];
 	atomic_store_explicit(&h->origin, TB__NO_TIME, memory_order_relaxed);
 	atomic_store_explicit(&h->corrupt, 0, memory_order_relaxed);
+	atomic_store_explicit(&h->exact_carry, 0, memory_order_relaxed);
 	atomic_store_explicit(&h->ready, TBT_READY, memory_order_release);
 	return 0;
 }
@@ -1333,11 +1395,13 @@ void tokenbucket_table_free(struct tokenbucket_table *t)
  * clock and no production is counted under two regimes; calls that saw
  * the freeze count production up to frozen_at only, less than either
  * regime would.  The next regime (its p, q and burst stored before the
- * freeze) gets origin T, the old fraction carried as for a bucket
- * (tb__carry) and hoff = Q_old(T): Q is continuous at T and tails do not
- * move, so every key's level is.  A raised burst must not bring back what
- * the old one dropped: every key full at T gets its tail moved up to
- * Q_old(T) - old burst.  Every step is idempotent and T only grows, so a
+ * freeze) gets origin T, the old fraction carried as for a bucket's
+ * set_limit (tb__carry; whole in a re-anchor) and hoff = Q_old(T): Q is
+ * continuous at T and live keys' tails do not move, so every key's level
+ * is.  Every key full at T gets its tail moved up to Q_old(T) - old
+ * burst, the drop a take would make there: a raised burst brings back
+ * nothing the old one dropped, and no tail lags Q by more than one
+ * regime's production (TBT_ANCHOR).  Every step is idempotent and T only grows, so a
  * writer that dies anywhere in here leaves work that a later finish
  * completes as if it had done it all (tbt_lock, writer_help).
  */
@@ -1362,28 +1426,34 @@ static void finish(struct tokenbucket_table *t)
 		if (clock > at)
 			at = clock;
 	}
-	if (next.burst > old.burst && !past_horizon(&old, at)) {
-		uint64_t floor_tail = full_tail(&old, at);
-		for (uint64_t i = 0; i < slots; i++) {
-			struct tbt_slot *s = &t->line[i / 2].slot[i % 2];
-			uint64_t st = atomic_load(&s->state);
-			/* Each failure is a take's or a claim's progress; claims make full keys. */
-			for (int round = 0; round < TB__ROUNDS_MAX; round++) {
-				TB__ROUND();
-				if (st_claimed(st) || st_empty(st) || st_tail(st) >= floor_tail ||
-				    atomic_compare_exchange_strong(&s->state, &st,
-								   st_with_tail(st, floor_tail)))
-					break;
-			}
+	uint64_t floor_tail = full_tail(&old, at);
+	for (uint64_t i = 0; i < slots; i++) {
+		struct tbt_slot *s = &t->line[i / 2].slot[i % 2];
+		uint64_t st = atomic_load(&s->state);
+		/* Each failure is a take's or a claim's progress; claims make full keys. */
+		for (int round = 0; round < TB__ROUNDS_MAX; round++) {
+			TB__ROUND();
+			if (st_claimed(st) || !full_at(&old, at, st_tail(st)) ||
+			    st_tail(st) == floor_tail ||
+			    atomic_compare_exchange_strong(&s->state, &st,
+							   st_with_tail(st, floor_tail)))
+				break;
 		}
 	}
 	uint64_t p = next.v.p, q = next.v.q;
-	uint64_t fine0 = old.v.p && p ? tb__carry(&old.v, p, q, at) : 0;
-	uint64_t hoff = old.v.hoff + (uint64_t)tb__whole(&old.v, fine_of(&old.v, at));
+	/*
+	 * A re-anchor keeps the fraction whole (its rate is the same); a
+	 * set_limit carries it as a bucket's does, to the nanosecond.
+	 */
+	bool exact = atomic_load(&t->mem->header.h.exact_carry) && p == old.v.p && q == old.v.q;
+	uint64_t fine0 = exact ? tb__remainder(&old.v, at)
+			 : old.v.p && p ? tb__carry(&old.v, p, q, at)
+					: 0;
+	uint64_t hoff = (old.v.hoff + (uint64_t)tb__whole(&old.v, fine_of(&old.v, at))) & TBT_TAIL_MASK;
 	atomic_store_explicit(&nr->origin, at, memory_order_relaxed);
 	atomic_store_explicit(&nr->fine0, fine0, memory_order_relaxed);
 	atomic_store_explicit(&nr->hoff, hoff, memory_order_relaxed);
-	atomic_store_explicit(&nr->hspan, regime_hspan(p, q, hoff), memory_order_relaxed);
+	atomic_store_explicit(&nr->hspan, regime_hspan(p, q), memory_order_relaxed);
 	atomic_store(&g->gen, gen + 1);
 }
 
@@ -1448,16 +1518,26 @@ int tokenbucket_table_set_limit_at(struct tokenbucket_table *t, int64_t now,
 	err = tbt_lock(t);
 	if (err)
 		return err;
-	now = tb__time(now);
+	err = change_locked(t, tb__time(now), p, q, lim->burst, false);
+	pthread_mutex_unlock(&t->mem->lock.writer);
+	return err;
+}
+
+/*
+ * A change to p/q (lowest terms) and burst at now (checked), for the
+ * holder of the writer mutex: writes the next regime's rate and burst,
+ * freezes, and finishes.  exact: a re-anchor, whose fraction of a token is
+ * carried whole.  0 or -EBADMSG.
+ */
+static int change_locked(struct tokenbucket_table *t, int64_t now, uint64_t p, uint64_t q,
+			 uint64_t burst, bool exact)
+{
 	int64_t origin = table_origin(t, now);
 	struct tbt_regimes *g = &t->mem->regimes;
 	uint64_t gen = atomic_load(&g->gen); /* even: only writers change it, and we hold the lock */
 	struct tbt_call old;
-	if (!load_slot(&g->slot[(gen >> 1) & 1], origin, &old)) {
-		table_give_up(t);
-		pthread_mutex_unlock(&t->mem->lock.writer);
-		return -EBADMSG;
-	}
+	if (!load_slot(&g->slot[(gen >> 1) & 1], origin, &old))
+		return table_give_up(t), -EBADMSG;
 	int64_t at = now < origin ? origin : now;
 	if (at < old.v.origin)
 		at = old.v.origin;
@@ -1467,13 +1547,12 @@ int tokenbucket_table_set_limit_at(struct tokenbucket_table *t, int64_t now,
 	atomic_store_explicit(&nr->fine0, 0, memory_order_relaxed);
 	atomic_store_explicit(&nr->p, p, memory_order_relaxed);
 	atomic_store_explicit(&nr->q, q, memory_order_relaxed);
-	atomic_store_explicit(&nr->burst, lim->burst, memory_order_relaxed);
+	atomic_store_explicit(&nr->burst, burst, memory_order_relaxed);
+	atomic_store(&t->mem->header.h.exact_carry, exact);
 	atomic_store(&g->frozen_at, at);
 	atomic_store(&g->gen, gen + 1);
 	finish(t);
-	err = table_corrupt(t) ? -EBADMSG : 0;
-	pthread_mutex_unlock(&t->mem->lock.writer);
-	return err;
+	return table_corrupt(t) ? -EBADMSG : 0;
 }
 
 int tokenbucket_table_set_limit(struct tokenbucket_table *t, const struct tokenbucket_limit *lim)

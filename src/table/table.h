@@ -36,19 +36,23 @@
  * while the slot is claimed (being given to a new key); every claim and every
  * end of a claim (confirm or void) moves it on, so a taker's CAS against the
  * state it read fails if the slot changed hands meanwhile.  The tail counts,
- * in tokens, what the key has taken plus what was dropped above burst, with
- * level(t) = min(burst, Q(t) - tail) on the table's cumulative production
- * Q(t) = hoff + P(t) of the regime in force (struct tbt_regime).
+ * in tokens modulo 2^55, what the key has taken plus what was dropped above
+ * burst, with level(t) = min(burst, Q(t) - tail) on the table's cumulative
+ * production Q(t) = hoff + P(t) of the regime in force (struct tbt_regime).
  */
 #define TBT_VER_SHIFT 56
 #define TBT_EMPTY (UINT64_C(1) << 55)
 #define TBT_TAIL_MASK (TBT_EMPTY - 1)
 /*
- * Production past this many tokens since the origin (Q past it plus
- * TOKENBUCKET_TABLE_BURST_MAX) is the table's horizon: tails stay within
- * 55 bits.
+ * Tails and Q are read modulo 2^55, relative to each other: every tail a
+ * call writes lies within 2^54 of Q, because a regime produces at most
+ * TBT_ANCHOR tokens before the next call that writes a tail re-anchors the
+ * table (a change to the same limit, which moves every full key's tail up
+ * to Q - burst).  So a table has no horizon.  TBT_HORIZON bounds the rate:
+ * a table takes no rate that makes that many tokens in under 2^50 ns.
  */
 #define TBT_HORIZON (UINT64_C(1) << 54)
+#define TBT_ANCHOR (UINT64_C(1) << 53)
 /* The fingerprint word: [fingerprint:56 | version of the claim that wrote it:8]. */
 #define TBT_TAG_MASK UINT64_C(0xff)
 
@@ -83,9 +87,9 @@ struct tbt_regime {
 	_Atomic int64_t origin;  /* ns; TB__NO_TIME: the table's origin (regime 0 only) */
 	_Atomic uint64_t fine0;  /* production carried in, in 1/q tokens: < q */
 	_Atomic uint64_t p, q;   /* p tokens every q ns, lowest terms; 0/1 for rate 0 */
-	_Atomic uint64_t hoff;   /* Q at the origin; TOKENBUCKET_TABLE_BURST_MAX in regime 0 */
+	_Atomic uint64_t hoff;   /* Q at the origin, modulo 2^55; TOKENBUCKET_TABLE_BURST_MAX in regime 0 */
 	_Atomic uint64_t burst;
-	_Atomic int64_t hspan;   /* ns from the origin to the horizon (INT64_MAX: never) */
+	_Atomic int64_t hspan;   /* ns from the origin to TBT_ANCHOR tokens (INT64_MAX: never) */
 };
 
 /*
@@ -116,6 +120,12 @@ struct tbt_header {
 	 * "Corrupt mappings"): calls then fail at once and attach refuses.
 	 */
 	_Atomic uint64_t corrupt;
+	/*
+	 * Written before a change freezes the regime, read by whoever finishes
+	 * it: 1 for a re-anchor (the same rate, the fraction carried exactly),
+	 * 0 for tokenbucket_table_set_limit (carried as a bucket's set_limit).
+	 */
+	_Atomic uint64_t exact_carry;
 };
 
 /* Statistics, written on the insert paths only (never by a warm take). */

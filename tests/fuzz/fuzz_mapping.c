@@ -316,7 +316,7 @@ static void run_table(void *mem, size_t size, struct input *in)
 			struct tokenbucket_result res;
 			err = tokenbucket_table_allow_result_at(tt, next_time(in, &t), &key, 1,
 								amount(in, burst), &res);
-			if (!one_of(err, 2, ERANGE, EBADMSG))
+			if (!one_of(err, 3, ERANGE, EBADMSG, EDEADLK))
 				fail("table_allow_result_at", err);
 			break;
 		}
@@ -325,7 +325,7 @@ static void run_table(void *mem, size_t size, struct input *in)
 			int64_t now = next_time(in, &t);
 			uint64_t n = amount(in, burst);
 			err = tokenbucket_table_reserve_at(tt, now, &key, 1, n, (int64_t)u64(in, 8), &r);
-			if (!one_of(err, 6, E2BIG, ETIMEDOUT, EOVERFLOW, EBUSY, ERANGE, EBADMSG))
+			if (!one_of(err, 7, E2BIG, ETIMEDOUT, EOVERFLOW, EBUSY, ERANGE, EBADMSG, EDEADLK))
 				fail("table_reserve_at", err);
 			break;
 		}

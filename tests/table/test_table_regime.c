@@ -390,6 +390,152 @@ START_TEST(dead_writer_finished)
 }
 END_TEST
 
+/* ---- No horizon: re-anchors ------------------------------------------------- */
+
+/* Fast rates, deep bursts: a regime reaches TBT_ANCHOR tokens within days. */
+static const struct tokenbucket_limit fast_limits[] = {
+	{31, 2, UINT64_C(1) << 40},      {16, 1, (UINT64_C(1) << 40) - 5},
+	{15, 1, UINT64_C(1) << 39},      {7, 3, UINT64_C(1) << 40},
+	{45, 7, 1000},
+};
+#define NFAST (int)(sizeof(fast_limits) / sizeof(fast_limits[0]))
+
+/*
+ * Days of calls at up to 15.5 tokens per ns against one bucket per key:
+ * mostly seconds apart (keys below burst, in debt), sometimes days (every
+ * key full again), and now and then a change; the table re-anchors every
+ * 2^53 tokens (at most 6.7 days) and stays exact through each.
+ */
+START_TEST(exact_across_reanchors)
+{
+	rng_state = 0x2545f4914f6cdd1du + (uint64_t)_i * 104729;
+	int cur = _i % NFAST;
+	size_t size = tokenbucket_table_size(1024);
+	struct tbt_mem *m = shared_anon(size);
+	struct tokenbucket_table *t;
+	ck_assert_int_eq(tokenbucket_table_init_shared_limit(&t, m, size, &fast_limits[cur], 1024, 0), 0);
+	const int64_t origin = 5 * SEC;
+	struct tokenbucket *ref[KEYS];
+	struct tokenbucket_reservation rt[KEYS], rr[KEYS];
+	memset(rt, 0, sizeof(rt));
+	memset(rr, 0, sizeof(rr));
+	ck_assert_double_eq(tokenbucket_table_tokens_at(t, origin, "", 0), (double)fast_limits[cur].burst);
+	for (int k = 0; k < KEYS; k++) {
+		ck_assert_int_eq(tokenbucket_create_limit(&ref[k], &fast_limits[cur], 0), 0);
+		char key[16];
+		key_name(key, sizeof(key), k);
+		struct tokenbucket_reservation a, b;
+		ck_assert_int_eq(tokenbucket_table_reserve_at(t, origin, key, strlen(key), 1, 0, &a), 0);
+		ck_assert_int_eq(tokenbucket_reserve_at(ref[k], origin, 1, 0, &b), 0);
+		tokenbucket_table_cancel_at(t, key, strlen(key), &a, origin);
+		tokenbucket_cancel_at(ref[k], &b, origin);
+	}
+	int64_t now = origin;
+	int steps = 20000 / slowdown(), changes = 0;
+	for (int i = 0; i < steps; i++) {
+		uint64_t r = rnd();
+		now += r % 50 == 0 ? (int64_t)(rnd() % (3 * 86400 * SEC)) : (int64_t)(rnd() % (20 * SEC));
+		if (r % 997 == 0) {
+			changes++;
+			cur = (int)(rnd() % NFAST);
+			ck_assert_int_eq(tokenbucket_table_set_limit_at(t, now, &fast_limits[cur]), 0);
+			for (int k = 0; k < KEYS; k++)
+				ck_assert_int_eq(tokenbucket_set_limit_at(ref[k], now, &fast_limits[cur]), 0);
+		}
+		int k = (int)(rnd() % KEYS);
+		/* Amounts up to a quarter of the burst: debt stays within TOKENBUCKET_TABLE_DEBT_MAX. */
+		step(t, ref[k], k, now, fast_limits[cur].burst / 4, &rt[k], &rr[k]);
+	}
+	uint64_t anchors = atomic_load(&m->regimes.gen) / 2 - (uint64_t)changes;
+	fprintf(stderr, "table re-anchors: %.0f days, %d changes, %llu re-anchors\n",
+		(double)(now - origin) / 86400e9, changes, (unsigned long long)anchors);
+	ck_assert_uint_ge(anchors, (uint64_t)(10 / slowdown()));
+	struct tokenbucket_table_stats s;
+	ck_assert_int_eq(tokenbucket_table_stats(t, &s), 0);
+	ck_assert_uint_eq(s.lossless + s.lossy + s.refused, 0);
+	for (int k = 0; k < KEYS; k++)
+		tokenbucket_free(ref[k]);
+	tokenbucket_table_free(t);
+	munmap(m, size);
+}
+END_TEST
+
+/*
+ * A re-anchor cut short: a process froze the regime for a change to the
+ * same limit past the regime's TBT_ANCHOR tokens and died holding the
+ * mutex.  The next call finishes it; every key stays exact, full ones
+ * included (their tails moved up), fractions carried.
+ */
+START_TEST(dead_reanchor_finished)
+{
+	const struct tokenbucket_limit a = {31, 2, 1000};
+	size_t size = tokenbucket_table_size(64);
+	struct tbt_mem *m = shared_anon(size);
+	struct tokenbucket_table *t;
+	ck_assert_int_eq(tokenbucket_table_init_shared_limit(&t, m, size, &a, 64, 0), 0);
+	struct tokenbucket *ref[3];
+	const char *keys[3] = {"full", "half", "debt"};
+	for (int k = 0; k < 3; k++) {
+		ck_assert_int_eq(tokenbucket_create_limit(&ref[k], &a, 0), 0);
+		ck_assert_double_eq(tokenbucket_tokens_at(ref[k], SEC), 1000);
+	}
+	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC, "", 0), 1000);
+	int64_t span = atomic_load(&m->regimes.slot[0].hspan);
+	ck_assert_int_gt(span, 0);
+	/* Just before the anchor: one key full since long, one half, one in debt. */
+	int64_t before = SEC + span - 20;
+	uint64_t take[3] = {0, 500, 1000};
+	for (int k = 1; k < 3; k++) {
+		ck_assert(tokenbucket_table_allow_at(t, before, keys[k], strlen(keys[k]), take[k]));
+		ck_assert(tokenbucket_allow_at(ref[k], before, take[k]));
+	}
+	struct tokenbucket_reservation r1, r2;
+	ck_assert_int_eq(tokenbucket_table_reserve_at(t, before, "debt", 4, 300, TOKENBUCKET_NEVER,
+						      &r1), 0);
+	ck_assert_int_eq(tokenbucket_reserve_at(ref[2], before, 300, TOKENBUCKET_NEVER, &r2), 0);
+	ck_assert(tokenbucket_table_allow_at(t, SEC, "full", 4, 1));
+	ck_assert(tokenbucket_allow_at(ref[0], SEC, 1));
+	int64_t at = SEC + span + 3;
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		if (pthread_mutex_lock(&m->lock.writer))
+			_exit(1);
+		uint64_t gen = atomic_load(&m->regimes.gen);
+		struct tbt_regime *nr = &m->regimes.slot[((gen >> 1) + 1) & 1];
+		atomic_store(&nr->origin, at);
+		atomic_store(&nr->fine0, 0);
+		atomic_store(&nr->p, 31);
+		atomic_store(&nr->q, 2);
+		atomic_store(&nr->burst, 1000);
+		atomic_store(&m->regimes.frozen_at, at);
+		atomic_store(&m->regimes.gen, gen + 1);
+		_exit(0);
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	for (int k = 0; k < 3; k++)
+		ck_assert_int_eq(tokenbucket_set_limit_at(ref[k], at, &a), 0);
+	for (int64_t now = at; now < at + 200; now += 7) {
+		for (int k = 0; k < 3; k++) {
+			size_t len = strlen(keys[k]);
+			ck_assert(tokenbucket_table_allow_at(t, now, keys[k], len, 3) ==
+				  tokenbucket_allow_at(ref[k], now, 3));
+			double x = tokenbucket_table_tokens_at(t, now, keys[k], len);
+			double y = tokenbucket_tokens_at(ref[k], now);
+			ck_assert_msg(x == y, "%s at +%lld: table %.17g, bucket %.17g", keys[k],
+				      (long long)(now - at), x, y);
+		}
+	}
+	ck_assert_uint_eq(atomic_load(&m->regimes.gen), 2);
+	for (int k = 0; k < 3; k++)
+		tokenbucket_free(ref[k]);
+	tokenbucket_table_free(t);
+	munmap(m, size);
+}
+END_TEST
+
 /* ---- Threads ---------------------------------------------------------------- */
 
 enum { TKEYS = 32, TTHREADS = 3 };
@@ -662,6 +808,8 @@ Suite *table_regime_suite(void)
 	tcase_add_test(tc, raise_restores_nothing);
 	tcase_add_test(tc, bad_changes);
 	tcase_add_test(tc, dead_writer_finished);
+	tcase_add_loop_test(tc, exact_across_reanchors, 0, 6);
+	tcase_add_test(tc, dead_reanchor_finished);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("threads");
 	tcase_set_timeout(tc, 120);
