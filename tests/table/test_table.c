@@ -19,6 +19,7 @@
 
 #include "check_tb.h"
 #include "siphash.h"
+#include "storm.h"
 #include "table.h"
 
 /* Counts scale down under sanitizers and valgrind (CK_TIMEOUT_MULTIPLIER). */
@@ -1174,6 +1175,18 @@ static _Noreturn void proc_child(void *mem, size_t size, struct procs *s, unsign
 	}
 }
 
+struct proc_arg {
+	void *mem;
+	size_t size;
+	struct procs *s;
+};
+
+static void proc_storm_child(void *arg, unsigned seed)
+{
+	struct proc_arg *a = arg;
+	proc_child(a->mem, a->size, a->s, seed);
+}
+
 /*
  * Rate 0, burst 3: no key may be granted more than 3 however the processes
  * interleave or die.  First 4 processes to the end, then a storm of SIGKILLs
@@ -1219,26 +1232,10 @@ START_TEST(processes_and_sigkill)
 		if (pids[i] == 0)
 			proc_child(mem, size, s, (unsigned)(PROCS + i));
 	}
-	int kills = 0, want = 200 / slowdown();
-	srand(4242);
-	int64_t end = tokenbucket_now() + 20 * SEC;
-	while (kills < want && tokenbucket_now() < end) {
-		long calls = atomic_load(&s->calls);
-		usleep((useconds_t)(20 + rand() % 300));
-		while (atomic_load(&s->calls) == calls)
-			usleep(20);
-		int i = rand() % PROCS;
-		kill(pids[i], SIGKILL);
-		ck_assert_int_eq(waitpid(pids[i], NULL, 0), pids[i]);
-		kills++;
-		pids[i] = fork();
-		if (pids[i] == 0)
-			proc_child(mem, size, s, (unsigned)(2 * PROCS + kills * PROCS + i));
-	}
-	for (int i = 0; i < PROCS; i++) {
-		kill(pids[i], SIGKILL);
-		waitpid(pids[i], NULL, 0);
-	}
+	int want = 200 / slowdown();
+	struct proc_arg arg = {mem, size, s};
+	int kills = storm_run(pids, PROCS, &s->calls, want, 20, 4242, 2 * PROCS, proc_storm_child,
+			      &arg);
 	fprintf(stderr, "table storm: %d kills, %ld calls\n", kills, atomic_load(&s->calls));
 	ck_assert_int_ge(kills, want / 2);
 	for (int k = 0; k < STORM_KEYS; k++)

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "check_tb.h"
+#include "storm.h"
 #include "table.h"
 
 static int slowdown(void)
@@ -318,6 +319,71 @@ END_TEST
 
 /* ---- A change cut short ------------------------------------------------------- */
 
+static const char *const keys3[3] = {"full", "half", "debt"};
+
+/* A shared table of *lim and a reference bucket for each of keys3, all from SEC. */
+static struct tbt_mem *three_keys(const struct tokenbucket_limit *lim, size_t size,
+				  struct tokenbucket_table **t, struct tokenbucket *ref[3])
+{
+	struct tbt_mem *m = shared_anon(size);
+	ck_assert_int_eq(tokenbucket_table_init_shared_limit(t, m, size, lim, 64, 0), 0);
+	for (int k = 0; k < 3; k++) {
+		ck_assert_int_eq(tokenbucket_create_limit(&ref[k], lim, 0), 0);
+		ck_assert_double_eq(tokenbucket_tokens_at(ref[k], SEC), (double)lim->burst);
+	}
+	ck_assert_double_eq(tokenbucket_table_tokens_at(*t, SEC, "", 0), (double)lim->burst);
+	return m;
+}
+
+/*
+ * A process takes the writer mutex, takes a change to *lim at "at" as far
+ * as tokenbucket_table_set_limit_at does before its pass over the slots
+ * (the next regime's rate and burst, the freeze), and dies holding it.
+ */
+static void die_frozen(struct tbt_mem *m, int64_t at, const struct tokenbucket_limit *lim,
+		       bool exact)
+{
+	pid_t pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		if (pthread_mutex_lock(&m->lock.writer))
+			_exit(1);
+		uint64_t gen = atomic_load(&m->regimes.gen);
+		struct tbt_regime *nr = &m->regimes.slot[((gen >> 1) + 1) & 1];
+		atomic_store(&nr->origin, at);
+		atomic_store(&nr->fine0, 0);
+		atomic_store(&nr->p, lim->tokens);
+		atomic_store(&nr->q, (uint64_t)lim->period_ns);
+		atomic_store(&nr->burst, lim->burst);
+		atomic_store(&m->header.h.exact_carry, exact);
+		atomic_store(&m->regimes.frozen_at, at);
+		atomic_store(&m->regimes.gen, gen + 1);
+		_exit(0); /* holding the mutex */
+	}
+	int st;
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+	ck_assert_uint_eq(atomic_load(&m->regimes.gen) & 1, 1);
+}
+
+/* The three keys of the table against their buckets from "from", every step ns, n taken each time. */
+static void three_compare(struct tokenbucket_table *t, struct tokenbucket *ref[3], int64_t from,
+			  int64_t to, int64_t step, uint64_t n)
+{
+	for (int64_t now = from; now < to; now += step) {
+		for (int k = 0; k < 3; k++) {
+			size_t len = strlen(keys3[k]);
+			if (n)
+				ck_assert(tokenbucket_table_allow_at(t, now, keys3[k], len, n) ==
+					  tokenbucket_allow_at(ref[k], now, n));
+			double x = tokenbucket_table_tokens_at(t, now, keys3[k], len);
+			double y = tokenbucket_tokens_at(ref[k], now);
+			ck_assert_msg(x == y, "%s at +%lld: table %.17g, bucket %.17g", keys3[k],
+				      (long long)(now - from), x, y);
+		}
+	}
+}
+
 /*
  * A process that froze the regime, wrote the next one's rate and burst and
  * died holding the mutex: the next call finishes the change (at the frozen
@@ -327,19 +393,13 @@ START_TEST(dead_writer_finished)
 {
 	const struct tokenbucket_limit a = {3, 7 * US, 6}, b = {1, 1 * MS, 9};
 	size_t size = tokenbucket_table_size(64);
-	struct tbt_mem *m = shared_anon(size);
 	struct tokenbucket_table *t;
-	ck_assert_int_eq(tokenbucket_table_init_shared_limit(&t, m, size, &a, 64, 0), 0);
 	struct tokenbucket *ref[3];
-	const char *keys[3] = {"full", "half", "debt"};
-	for (int k = 0; k < 3; k++) {
-		ck_assert_int_eq(tokenbucket_create_limit(&ref[k], &a, 0), 0);
-		ck_assert_double_eq(tokenbucket_tokens_at(ref[k], SEC), 6);
-	}
-	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC, "", 0), 6);
+	struct tbt_mem *m = three_keys(&a, size, &t, ref);
 	uint64_t take[3] = {1, 3, 6};
 	for (int k = 0; k < 3; k++) {
-		ck_assert(tokenbucket_table_allow_at(t, SEC + 5 * US, keys[k], strlen(keys[k]), take[k]));
+		ck_assert(tokenbucket_table_allow_at(t, SEC + 5 * US, keys3[k], strlen(keys3[k]),
+						     take[k]));
 		ck_assert(tokenbucket_allow_at(ref[k], SEC + 5 * US, take[k]));
 	}
 	struct tokenbucket_reservation r1, r2;
@@ -347,39 +407,12 @@ START_TEST(dead_writer_finished)
 						      TOKENBUCKET_NEVER, &r1), 0);
 	ck_assert_int_eq(tokenbucket_reserve_at(ref[2], SEC + 5 * US, 4, TOKENBUCKET_NEVER, &r2), 0);
 	int64_t at = SEC + 11 * US;
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		/* A change's first steps, as tokenbucket_table_set_limit_at takes them. */
-		if (pthread_mutex_lock(&m->lock.writer))
-			_exit(1);
-		uint64_t gen = atomic_load(&m->regimes.gen);
-		struct tbt_regime *nr = &m->regimes.slot[((gen >> 1) + 1) & 1];
-		atomic_store(&nr->origin, at);
-		atomic_store(&nr->fine0, 0);
-		atomic_store(&nr->p, b.tokens);
-		atomic_store(&nr->q, (uint64_t)b.period_ns);
-		atomic_store(&nr->burst, b.burst);
-		atomic_store(&m->regimes.frozen_at, at);
-		atomic_store(&m->regimes.gen, gen + 1);
-		_exit(0); /* holding the mutex */
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	ck_assert_uint_eq(atomic_load(&m->regimes.gen) & 1, 1);
+	die_frozen(m, at, &b, false);
 	for (int k = 0; k < 3; k++)
 		ck_assert_int_eq(tokenbucket_set_limit_at(ref[k], at, &b), 0);
 	/* The next call finds the freeze, takes the dead owner's mutex and finishes. */
-	for (int64_t now = at; now < at + 30 * MS; now += 700 * US) {
-		for (int k = 0; k < 3; k++) {
-			double x = tokenbucket_table_tokens_at(t, now, keys[k], strlen(keys[k]));
-			double y = tokenbucket_tokens_at(ref[k], now);
-			ck_assert_msg(x == y, "%s at +%lld: table %.17g, bucket %.17g", keys[k],
-				      (long long)(now - at), x, y);
-		}
-		ck_assert_uint_eq(atomic_load(&m->regimes.gen), 2);
-	}
+	three_compare(t, ref, at, at + 30 * MS, 700 * US, 0);
+	ck_assert_uint_eq(atomic_load(&m->regimes.gen), 2);
 	/* And the mutex is usable again. */
 	ck_assert_int_eq(tokenbucket_table_set_limit_at(t, at + 30 * MS, &a), 0);
 	ck_assert_uint_eq(atomic_load(&m->regimes.gen), 4);
@@ -470,23 +503,16 @@ START_TEST(dead_reanchor_finished)
 {
 	const struct tokenbucket_limit a = {31, 2, 1000};
 	size_t size = tokenbucket_table_size(64);
-	struct tbt_mem *m = shared_anon(size);
 	struct tokenbucket_table *t;
-	ck_assert_int_eq(tokenbucket_table_init_shared_limit(&t, m, size, &a, 64, 0), 0);
 	struct tokenbucket *ref[3];
-	const char *keys[3] = {"full", "half", "debt"};
-	for (int k = 0; k < 3; k++) {
-		ck_assert_int_eq(tokenbucket_create_limit(&ref[k], &a, 0), 0);
-		ck_assert_double_eq(tokenbucket_tokens_at(ref[k], SEC), 1000);
-	}
-	ck_assert_double_eq(tokenbucket_table_tokens_at(t, SEC, "", 0), 1000);
+	struct tbt_mem *m = three_keys(&a, size, &t, ref);
 	int64_t span = atomic_load(&m->regimes.slot[0].hspan);
 	ck_assert_int_gt(span, 0);
 	/* Just before the anchor: one key full since long, one half, one in debt. */
 	int64_t before = SEC + span - 20;
 	uint64_t take[3] = {0, 500, 1000};
 	for (int k = 1; k < 3; k++) {
-		ck_assert(tokenbucket_table_allow_at(t, before, keys[k], strlen(keys[k]), take[k]));
+		ck_assert(tokenbucket_table_allow_at(t, before, keys3[k], strlen(keys3[k]), take[k]));
 		ck_assert(tokenbucket_allow_at(ref[k], before, take[k]));
 	}
 	struct tokenbucket_reservation r1, r2;
@@ -496,38 +522,9 @@ START_TEST(dead_reanchor_finished)
 	ck_assert(tokenbucket_table_allow_at(t, SEC, "full", 4, 1));
 	ck_assert(tokenbucket_allow_at(ref[0], SEC, 1));
 	int64_t at = SEC + span + 3;
-	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		if (pthread_mutex_lock(&m->lock.writer))
-			_exit(1);
-		uint64_t gen = atomic_load(&m->regimes.gen);
-		struct tbt_regime *nr = &m->regimes.slot[((gen >> 1) + 1) & 1];
-		atomic_store(&nr->origin, at);
-		atomic_store(&nr->fine0, 0);
-		atomic_store(&nr->p, 31);
-		atomic_store(&nr->q, 2);
-		atomic_store(&nr->burst, 1000);
-		atomic_store(&m->regimes.frozen_at, at);
-		atomic_store(&m->regimes.gen, gen + 1);
-		_exit(0);
-	}
-	int st;
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-	for (int k = 0; k < 3; k++)
-		ck_assert_int_eq(tokenbucket_set_limit_at(ref[k], at, &a), 0);
-	for (int64_t now = at; now < at + 200; now += 7) {
-		for (int k = 0; k < 3; k++) {
-			size_t len = strlen(keys[k]);
-			ck_assert(tokenbucket_table_allow_at(t, now, keys[k], len, 3) ==
-				  tokenbucket_allow_at(ref[k], now, 3));
-			double x = tokenbucket_table_tokens_at(t, now, keys[k], len);
-			double y = tokenbucket_tokens_at(ref[k], now);
-			ck_assert_msg(x == y, "%s at +%lld: table %.17g, bucket %.17g", keys[k],
-				      (long long)(now - at), x, y);
-		}
-	}
+	die_frozen(m, at, &a, true);
+	/* The buckets see no change: the rate is the same, the fraction kept whole. */
+	three_compare(t, ref, at, at + 200, 7, 3);
 	ck_assert_uint_eq(atomic_load(&m->regimes.gen), 2);
 	for (int k = 0; k < 3; k++)
 		tokenbucket_free(ref[k]);
@@ -684,6 +681,18 @@ static _Noreturn void storm_child(void *mem, size_t size, struct storm *s, unsig
 	}
 }
 
+struct storm_arg {
+	void *mem;
+	size_t size;
+	struct storm *s;
+};
+
+static void storm_spawn(void *arg, unsigned seed)
+{
+	struct storm_arg *a = arg;
+	storm_child(a->mem, a->size, a->s, seed);
+}
+
 /*
  * Processes change the limit of a shared table while others take, and
  * are SIGKILLed at random instants (inside changes too).  All at one time,
@@ -703,36 +712,15 @@ START_TEST(storm_of_changes)
 		ck_assert(tokenbucket_table_allow_at(t, SEC, &k, sizeof(k), 1));
 	struct storm *s = shared_anon(sizeof(*s));
 	pid_t pids[SPROCS];
-	unsigned seeds = 0;
 	for (int i = 0; i < SPROCS; i++) {
 		pids[i] = fork();
 		ck_assert_int_ge(pids[i], 0);
 		if (pids[i] == 0)
 			storm_child(mem, size, s, (unsigned)i);
-		seeds++;
 	}
-	int kills = 0, want = 200 / slowdown();
-	srand(777);
-	int64_t end = tokenbucket_now() + 30 * SEC;
-	while (kills < want && tokenbucket_now() < end) {
-		long calls = atomic_load(&s->calls);
-		usleep((useconds_t)(20 + rand() % 300));
-		while (atomic_load(&s->calls) == calls)
-			usleep(20);
-		int i = rand() % SPROCS;
-		kill(pids[i], SIGKILL);
-		int st;
-		ck_assert_int_eq(waitpid(pids[i], &st, 0), pids[i]);
-		ck_assert_msg(WIFSIGNALED(st), "a child failed: status %d", st);
-		kills++;
-		pids[i] = fork();
-		if (pids[i] == 0)
-			storm_child(mem, size, s, (unsigned)(i + SPROCS * kills));
-	}
-	for (int i = 0; i < SPROCS; i++) {
-		kill(pids[i], SIGKILL);
-		waitpid(pids[i], NULL, 0);
-	}
+	int want = 200 / slowdown();
+	struct storm_arg arg = {mem, size, s};
+	int kills = storm_run(pids, SPROCS, &s->calls, want, 30, 777, 0, storm_spawn, &arg);
 	fprintf(stderr, "table change storm: %d kills, %ld calls, %ld changes\n", kills,
 		atomic_load(&s->calls), atomic_load(&s->changes));
 	ck_assert_int_ge(kills, want / 2);
