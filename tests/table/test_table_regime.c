@@ -745,6 +745,117 @@ START_TEST(storm_of_changes)
 }
 END_TEST
 
+/*
+ * Re-anchors under SIGKILL: 16 tokens per ns, burst 3, and a time that
+ * jumps by one regime's span (2^49 ns, 2^53 tokens) at every epoch, so that
+ * the first take of each epoch re-anchors the table (a pass over 4096
+ * slots) and every key refills to 3.  Processes take at the epoch's time
+ * and are killed just after the epoch moves, when they re-anchor.  A take
+ * happens at its epoch's time or, the table having moved on, a later one:
+ * so from any epoch on, a key gets at most 3 per epoch.
+ */
+enum { AKEYS = 16, AEPOCHS = 300 };
+
+struct anchors {
+	_Atomic long calls;
+	_Atomic int64_t epoch;
+	_Atomic uint64_t granted[AEPOCHS][AKEYS];
+};
+
+static _Noreturn void anchor_child(void *mem, size_t size, struct anchors *a, unsigned seed)
+{
+	struct tokenbucket_table *t;
+	if (tokenbucket_table_attach_shared(&t, mem, size))
+		_exit(3);
+	uint64_t x = seed * 2654435761u + 1;
+	for (;;) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		int64_t e = atomic_load(&a->epoch);
+		uint64_t k = x % AKEYS;
+		if (tokenbucket_table_allow_at(t, SEC + e * (INT64_C(1) << 49), &k, sizeof(k), 1))
+			atomic_fetch_add(&a->granted[e][k], 1);
+		atomic_fetch_add(&a->calls, 1);
+	}
+}
+
+struct anchor_arg {
+	void *mem;
+	size_t size;
+	struct anchors *a;
+};
+
+static void anchor_spawn(void *arg, unsigned seed)
+{
+	struct anchor_arg *p = arg;
+	anchor_child(p->mem, p->size, p->a, seed);
+}
+
+START_TEST(storm_of_reanchors)
+{
+	size_t size = tokenbucket_table_size(4096);
+	void *mem = shared_anon(size);
+	struct tokenbucket_table *t;
+	const struct tokenbucket_limit lim = {16, 1, 3};
+	ck_assert_int_eq(tokenbucket_table_init_shared_limit(&t, mem, size, &lim, 4096, 0), 0);
+	struct tbt_mem *m = mem;
+	ck_assert_int_eq(atomic_load(&m->regimes.slot[0].hspan), INT64_C(1) << 49);
+	struct anchors *a = shared_anon(sizeof(*a));
+	pid_t pids[SPROCS];
+	for (int i = 0; i < SPROCS; i++) {
+		pids[i] = fork();
+		ck_assert_int_ge(pids[i], 0);
+		if (pids[i] == 0)
+			anchor_child(mem, size, a, (unsigned)i);
+	}
+	struct anchor_arg arg = {mem, size, a};
+	int epochs = AEPOCHS / slowdown(), kills = 0;
+	srand(99);
+	for (int e = 1; e < epochs; e++) {
+		atomic_store(&a->epoch, e);
+		/* One kill, at once or a little later: inside the re-anchor or a take. */
+		kills += storm_run(pids, SPROCS, &a->calls, 1, 5, (unsigned)rand(),
+				   (unsigned)(SPROCS * 1000 * e), anchor_spawn, &arg);
+		for (int i = 0; i < SPROCS; i++) {
+			pids[i] = fork();
+			ck_assert_int_ge(pids[i], 0);
+			if (pids[i] == 0)
+				anchor_child(mem, size, a, (unsigned)(SPROCS * 1000 * e + 500 + i));
+		}
+		long calls = atomic_load(&a->calls);
+		while (atomic_load(&a->calls) < calls + 200)
+			usleep(100);
+	}
+	for (int i = 0; i < SPROCS; i++) {
+		kill(pids[i], SIGKILL);
+		waitpid(pids[i], NULL, 0);
+	}
+	uint64_t regimes = atomic_load(&m->regimes.gen) / 2;
+	fprintf(stderr, "table re-anchor storm: %d epochs, %d kills, %ld calls, %llu regimes\n",
+		epochs, kills, atomic_load(&a->calls), (unsigned long long)regimes);
+	ck_assert_uint_ge(regimes, (uint64_t)epochs / 2);
+	for (int k = 0; k < AKEYS; k++) {
+		uint64_t suffix = 0;
+		for (int e = epochs - 1; e >= 0; e--) {
+			suffix += atomic_load(&a->granted[e][k]);
+			ck_assert_msg(suffix <= 3 * (uint64_t)(epochs - e),
+				      "key %d: %llu granted from epoch %d of %d", k,
+				      (unsigned long long)suffix, e, epochs);
+		}
+	}
+	/* The table goes on: not frozen after a change, every key at most full. */
+	ck_assert_int_eq(tokenbucket_table_set_limit_at(t, SEC + epochs * (INT64_C(1) << 49), &lim), 0);
+	ck_assert_uint_eq(atomic_load(&m->regimes.gen) & 1, 0);
+	for (uint64_t k = 0; k < AKEYS; k++)
+		ck_assert(tokenbucket_table_tokens_at(t, SEC + epochs * (INT64_C(1) << 49), &k,
+						      sizeof(k)) <= 3);
+	tokenbucket_table_free(t);
+	munmap(a, sizeof(*a));
+	munmap(mem, size);
+}
+END_TEST
+
 /* ---- The wait --------------------------------------------------------------- */
 
 /* A change to rate 0 while a wait sleeps: it does not return at the old time_to_act. */
@@ -808,6 +919,7 @@ Suite *table_regime_suite(void)
 	tc = tcase_create("processes");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, storm_of_changes);
+	tcase_add_test(tc, storm_of_reanchors);
 	suite_add_tcase(s, tc);
 	return s;
 }
