@@ -435,7 +435,7 @@ struct tokenbucket_table;
 #define TOKENBUCKET_TABLE_ALIGN 128
 
 /*
- * Bytes a table of capacity slots needs: 256 + 32 * capacity rounded up to
+ * Bytes a table of capacity slots needs: 512 + 32 * capacity rounded up to
  * a multiple of 4; 0 if capacity is 0 or above the maximum.
  */
 TOKENBUCKET_API size_t tokenbucket_table_size(uint64_t capacity);
@@ -493,9 +493,11 @@ TOKENBUCKET_API void tokenbucket_table_free(struct tokenbucket_table *t);
  * bucket.  key may be NULL only with len 0.  When a new key finds no slot,
  * the policy decides: fail closed refuses (false; reserve -EBUSY), fail
  * open allows without taking anything (true; reserve succeeds with
- * tokens 0).  Past the table's horizon (2^54 tokens produced since its
- * origin) every call refuses: false, -ERANGE, NaN.  allow with key NULL
- * and len > 0, or t NULL, is false.
+ * tokens 0).  A table has no horizon (since 1.2.0): every 2^53 tokens of
+ * production the call that would write first re-anchors it, a pass over
+ * its slots under the mutex of tokenbucket_table_set_limit (waiting at
+ * most 2 s for another change: then false, -EDEADLK).  allow with key NULL
+ * and len > 0, or t NULL, or a corrupt table (-EBADMSG), is false.
  */
 TOKENBUCKET_API bool tokenbucket_table_allow(struct tokenbucket_table *t, const void *key,
 					     size_t len, uint64_t n);
@@ -504,7 +506,8 @@ TOKENBUCKET_API bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int
 /*
  * As tokenbucket_table_allow_at, filling *res as tokenbucket_allow_result
  * does; TOKENBUCKET_RESULT_NO_BUCKET says the policy decided.  -EINVAL: t
- * or res NULL, key NULL with len > 0.  -ERANGE: past the horizon.
+ * or res NULL, key NULL with len > 0.  -EDEADLK: a re-anchor waited 2 s
+ * for another change (above).  -EBADMSG: a corrupt table.
  */
 TOKENBUCKET_API int tokenbucket_table_allow_result(struct tokenbucket_table *t, const void *key,
 						   size_t len, uint64_t n,
@@ -516,7 +519,8 @@ TOKENBUCKET_API int tokenbucket_table_allow_result_at(struct tokenbucket_table *
  * As tokenbucket_reserve_at on the key's bucket.  -EINVAL: t or r NULL, key
  * NULL with len > 0.  -E2BIG, -ETIMEDOUT as tokenbucket_reserve_at.
  * -EOVERFLOW: the key would owe more than TOKENBUCKET_TABLE_DEBT_MAX.
- * -EBUSY: no slot for a new key (fail closed).  -ERANGE: past the horizon.
+ * -EBUSY: no slot for a new key (fail closed).  -EDEADLK, -EBADMSG as
+ * tokenbucket_table_allow_result_at.
  */
 TOKENBUCKET_API int tokenbucket_table_reserve(struct tokenbucket_table *t, const void *key,
 					      size_t len, uint64_t n, int64_t max_wait,
@@ -537,8 +541,8 @@ TOKENBUCKET_API void tokenbucket_table_cancel_at(struct tokenbucket_table *t, co
 						 int64_t now);
 /*
  * As tokenbucket_tokens_at on the key's bucket (burst for a key with no
- * bucket; none is made).  NaN: t NULL, key NULL with len > 0, past the
- * horizon.
+ * bucket; none is made).  NaN: t NULL, key NULL with len > 0, a corrupt
+ * table.
  */
 TOKENBUCKET_API double tokenbucket_table_tokens(struct tokenbucket_table *t, const void *key,
 						size_t len);
@@ -684,8 +688,10 @@ TOKENBUCKET_API int tokenbucket_table_open_limit(struct tokenbucket_table **tp, 
  * tokenbucket_table_reserve_at at tokenbucket_now(), then sleeps on
  * CLOCK_MONOTONIC until they are there.  deadline and cancel_fd as for
  * tokenbucket_wait (sleeping in slices of at most 50 ms when cancel_fd is
- * not -1; signals do not end the wait).  A table's rate never changes, so
- * the tokens are there at the reservation's time_to_act.
+ * not -1; signals do not end the wait).  A rate or burst change may make
+ * the tokens come later than the reservation's time_to_act: after each
+ * sleep the wait checks them and sleeps again until they are there or the
+ * deadline passes (then -ETIMEDOUT, the reservation given back).
  * 0: the tokens are taken (also when a cancel or a closed cancel_fd is
  * noticed only once they are there).  -EINVAL: t NULL, key NULL with
  * len > 0.  -EBADF, -ECANCELED: cancel_fd closed or readable, on entry
@@ -694,12 +700,41 @@ TOKENBUCKET_API int tokenbucket_table_open_limit(struct tokenbucket_table **tp, 
  * given to another key meanwhile).  Then the errors of
  * tokenbucket_table_reserve_at: -E2BIG (n > burst), -ETIMEDOUT (not there
  * by the deadline; never, with rate 0: nothing is taken), -EOVERFLOW,
- * -EBUSY, -ERANGE.  Other negative errno values from poll(2).  Thread-safe
+ * -EBUSY, -EDEADLK, -EBADMSG.  Other negative errno values from poll(2).  Thread-safe
  * and lock-free as the table's other calls (apart from sleeping).
  */
 TOKENBUCKET_API int tokenbucket_table_wait(struct tokenbucket_table *t, const void *key,
 					   size_t len, uint64_t n, int64_t deadline,
 					   int cancel_fd);
+
+/*
+ * 1.2: changes a table's rate and burst to *lim for every key at once, at
+ * the latest time any key has seen, at least now (and the table's origin):
+ * each key's level carries over exactly, as a single bucket's across
+ * tokenbucket_set_limit_at at that time; a lower burst drops what lies
+ * above it, a higher one brings back nothing the old one dropped (keys
+ * with no bucket are full, at the new burst).  Takes stay lock-free while
+ * it runs; changes serialise on a process-shared robust mutex in the
+ * table, and a change cut short by the death of its process is finished
+ * by the next change or by the next call that finds it (a scan of every
+ * slot, as the change makes).  Errors: -EINVAL (t or lim NULL, period_ns
+ * < 0); -ERANGE (an unlimited limit, burst above
+ * TOKENBUCKET_TABLE_BURST_MAX, a rate above 16 tokens per ns); -EDEADLK
+ * (another change holds the mutex for more than 2 s); -EBADMSG (a
+ * corrupt table).
+ */
+TOKENBUCKET_API int tokenbucket_table_set_limit_at(struct tokenbucket_table *t, int64_t now,
+						   const struct tokenbucket_limit *lim);
+/* tokenbucket_table_set_limit_at at tokenbucket_now(). */
+TOKENBUCKET_API int tokenbucket_table_set_limit(struct tokenbucket_table *t,
+						const struct tokenbucket_limit *lim);
+/*
+ * 1.2: fills *lim with the table's rate and burst in force, the rate in
+ * lowest terms ({0, 1, burst} for rate 0).  -EINVAL: t or lim NULL.
+ * -EBADMSG: a corrupt table.
+ */
+TOKENBUCKET_API int tokenbucket_table_get_limit(struct tokenbucket_table *t,
+						struct tokenbucket_limit *lim);
 
 #ifdef __cplusplus
 }

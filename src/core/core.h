@@ -239,6 +239,12 @@ int tb__change_burst(struct tokenbucket *tb, int64_t now, uint64_t burst);
  */
 int tb__writer_lock(struct tokenbucket *tb);
 /*
+ * Locks a writer mutex (a bucket's or a table's), waiting at most
+ * TB__LOCK_WAIT_NS: 0, EOWNERDEAD (locked: the caller repairs, then marks
+ * it consistent), ETIMEDOUT, or another positive errno of the lock.
+ */
+int tb__lock_bounded(pthread_mutex_t *m);
+/*
  * For a call that found the regime frozen (gen odd): if the writer that
  * froze it died holding the lock, repairs the bucket as tb__writer_lock
  * would.  Never waits: a live writer's lock is left alone.

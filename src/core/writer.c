@@ -134,7 +134,7 @@ static void tsan_owner_dead_locked(pthread_mutex_t *m)
  * it by as much); pthread_mutex_clocklock would take CLOCK_MONOTONIC, but
  * it is newer (glibc 2.30) and ThreadSanitizer does not see it lock.
  */
-static int lock_bounded(pthread_mutex_t *m)
+int tb__lock_bounded(pthread_mutex_t *m)
 {
 	int err = pthread_mutex_trylock(m);
 	if (err != EBUSY)
@@ -154,7 +154,7 @@ int tb__writer_lock(struct tokenbucket *tb)
 {
 	if (tb__is_corrupt(tb))
 		return -EBADMSG;
-	int err = lock_bounded(&tb->writer);
+	int err = tb__lock_bounded(&tb->writer);
 	if (err == EOWNERDEAD) {
 		recover(tb);
 		err = pthread_mutex_consistent(&tb->writer);

@@ -76,8 +76,8 @@ bool tb__atomics_shareable(void)
 	       __atomic_always_lock_free(sizeof(uint32_t), 0);
 }
 
-/* The writer mutex of a shared bucket: process-shared and robust. */
-static int shared_mutexattr(pthread_mutexattr_t *attr)
+/* The writer mutex of a shared bucket or table: process-shared and robust. */
+int tb__shared_mutexattr(pthread_mutexattr_t *attr)
 {
 	int err = pthread_mutexattr_init(attr);
 	if (err)
@@ -100,7 +100,7 @@ static int shared_init(struct tb__shared *s, enum tb__kind kind, uint64_t p, uin
 		       uint64_t burst, unsigned flags)
 {
 	pthread_mutexattr_t attr;
-	int err = shared_mutexattr(&attr);
+	int err = tb__shared_mutexattr(&attr);
 	if (err)
 		return err;
 	atomic_store_explicit(&s->header.h.ready, 0, memory_order_relaxed);
@@ -188,18 +188,18 @@ static bool regime_valid(const struct tokenbucket *tb)
 }
 
 /*
- * Whether the writer mutex is of the kind shared_mutexattr makes: glibc
+ * Whether the writer mutex is of the kind tb__shared_mutexattr makes: glibc
  * asserts, or fails every lock, on a kind it never made.  Its other words
  * (owner, lock) are checked by locking: a dead owner is repaired, an
  * unrecoverable mutex is an error, a lock word no live holder wrote times
  * out (tb__writer_lock).
  */
-static bool mutex_valid(const pthread_mutex_t *m)
+bool tb__shared_mutex_valid(const pthread_mutex_t *m)
 {
 #ifdef __GLIBC__
 	pthread_mutexattr_t attr;
 	pthread_mutex_t made;
-	if (shared_mutexattr(&attr))
+	if (tb__shared_mutexattr(&attr))
 		return false;
 	int err = pthread_mutex_init(&made, &attr);
 	pthread_mutexattr_destroy(&attr);
@@ -238,7 +238,7 @@ static int shared_check(const struct tb__shared *s, size_t size)
 	if (atomic_load(&tb->burst) > TOKENBUCKET_BURST_MAX || threshold == 0 ||
 	    threshold > TOKENBUCKET_BURST_MAX || (tb->flags & ~TOKENBUCKET_CAPPED_RELEASE) ||
 	    atomic_load(&tb->kind) > TB__INF || tb__is_corrupt(tb) || !regime_valid(tb) ||
-	    !mutex_valid(&tb->writer))
+	    !tb__shared_mutex_valid(&tb->writer))
 		return -EBADMSG;
 	return 0;
 }

@@ -27,6 +27,13 @@ int tb__init_shared(struct tokenbucket **tbp, void *mem, size_t size, enum tb__k
 int tb__open(struct tokenbucket **tbp, const char *name, enum tb__kind kind, uint64_t p,
 	     uint64_t q, uint64_t burst, unsigned flags, unsigned mode, unsigned *status);
 
+/* The writer mutex of shared objects: process-shared and robust.  0 or -errno. */
+int tb__shared_mutexattr(pthread_mutexattr_t *attr);
+/*
+ * Whether a mutex in shared memory is of the kind tb__shared_mutexattr makes
+ * (glibc asserts, or fails every lock, on a kind it never made).
+ */
+bool tb__shared_mutex_valid(const pthread_mutex_t *m);
 /* Whether 8-byte atomics are lock-free and address-free here. */
 bool tb__atomics_shareable(void);
 /* The file of a named object, or -EINVAL / -ENAMETOOLONG for a bad name. */

@@ -3,10 +3,15 @@
  * Per-key tables: one bucket per key in a fixed array of slots, lock-free,
  * placeable in shared memory.
  *
- * Every key shares the table's production P(t) = floor((t - origin) * p / q)
- * and keeps only a tail: level(t) = min(burst, P(t) + burst - tail).  A new
- * key gets tail <= P(t) (full), so each key is exactly a single bucket
- * whose origin is the table's.  A slot changes hands by a claim (state
+ * Every key shares the table's cumulative production Q(t) = hoff + P(t) of
+ * the regime in force and keeps only a tail: level(t) = min(burst, Q(t) -
+ * tail).  A new key gets tail <= Q(t) - burst (full), so each key is
+ * exactly a single bucket whose origin is the table's.  A rate or burst
+ * change (1.2) publishes a new regime whose Q continues the old one's at
+ * the time of the change, so live keys' tails never move for it; tails
+ * are read modulo 2^55 relative to Q, and a re-anchor (the same change to
+ * the same limit) every TBT_ANCHOR tokens keeps them within range, so a
+ * table has no horizon.  A slot changes hands by a claim (state
  * version made odd), a fingerprint written under the claim, and a confirm
  * (version made even); a taker compares-and-swaps the state it read, so a
  * take never lands on a slot that changed hands.  docs/table.md
@@ -33,15 +38,14 @@ enum tbt_owner {
 /*
  * A process's handle: the memory, and the constants of its header copied
  * and checked once, so that the hot paths read private memory and a
- * header changed behind our back cannot send an index out of bounds.
+ * header changed behind our back cannot send an index out of bounds.  The
+ * rate and burst may change: every call reads them from the regimes.
  */
 struct tokenbucket_table {
 	struct tbt_mem *mem;
 	struct tbt_line *line;
 	uint64_t lines;
-	uint64_t p, q, burst;
 	uint64_t k0, k1;
-	int64_t hspan; /* ns from the origin to the horizon (INT64_MAX: never) */
 	unsigned flags;
 	enum tbt_owner owner;
 	size_t mapped;
@@ -90,7 +94,8 @@ static inline uint64_t st_next(uint64_t st, bool empty, uint64_t tail)
 /* A take: the same version and emptiness, another tail. */
 static inline uint64_t st_with_tail(uint64_t st, uint64_t tail)
 {
-	return (st & ~TBT_TAIL_MASK) | tail;
+	/* Masked: in a corrupt table a tail may outgrow its bits, never the version's. */
+	return (st & ~TBT_TAIL_MASK) | (tail & TBT_TAIL_MASK);
 }
 
 /* The fingerprint word a confirmed state st must find for key fingerprint fp. */
@@ -99,15 +104,24 @@ static inline uint64_t fp_for(uint64_t fp, uint64_t st)
 	return fp | ((st_ver(st) - 1) & TBT_TAG_MASK);
 }
 
-/* ---- Production ------------------------------------------------------------ */
+/* ---- Regimes and production ---------------------------------------------- */
 
 /* Everything a call on one key works with. */
 struct tbt_call {
 	uint64_t fp;             /* the key's fingerprint, tag bits clear */
 	struct tbt_line *bucket[2]; /* its two buckets' first lines (the same if one bucket) */
 	int nc;                     /* its candidates: the slots of bucket a, then of bucket b */
+	int64_t now;             /* the caller's time, as tb__time reads it */
 	int64_t at;              /* the table's time of the call (origin applied) */
-	int64_t origin;
+	/*
+	 * The regime in force when the call read it: origin resolved, until =
+	 * frozen_at while a change freezes it, hoff.  The table's production
+	 * is a regime of the core's, read through the core's arithmetic
+	 * (core.h, ratio.c).
+	 */
+	struct tb__view v;
+	uint64_t burst;
+	uint64_t hspan; /* ns from v.origin to the horizon */
 };
 
 /* Candidate i of a call: slot i % 4 of bucket i / 4 (two slots in each of its two lines). */
@@ -117,62 +131,196 @@ static inline struct tbt_slot *cand(const struct tbt_call *c, int i)
 }
 
 /*
- * The table's production is a regime of the core's: P(t) = floor((t -
- * origin) * p / q), carrying nothing in (fine0 0) and with no horizon of
- * the core's (the table keeps its own, past_horizon).  Every table call
- * reads it through the core's arithmetic (core.h, ratio.c); the view is a
- * local that stays in registers.  A table's time is never before its
- * origin (table_time), so F(t) needs none of tb__fine_at's checks.
+ * F(at) in 1/q tokens, frozen at until.  A call's time is never before its
+ * regime's origin (read_regime), nor is frozen_at, so F needs none of
+ * tb__fine_at's checks.
  */
-static inline struct tb__view table_view(const struct tokenbucket_table *t, int64_t origin)
+static inline tb__u128 fine_of(const struct tb__view *v, int64_t at)
 {
-	return (struct tb__view){
-		.origin = origin,
-		.p = t->p,
-		.q = t->q,
-		.limit = INT64_MAX,
-		.kind = t->p ? TB__FINITE : TB__ZERO,
-		.until = TOKENBUCKET_NEVER,
-	};
+	return tb__fine_units(v, at > v->until ? v->until : at);
 }
-
-/* Whether a tail is full at "at": P(at) >= tail, as F(at) >= tail * q (no division). */
-static inline bool full_at(const struct tb__view *v, int64_t at, uint64_t tail)
-{
-	return tb__fine_units(v, at) >= (tb__u128)tail * v->q;
-}
-
-/* P(at), exactly: one division, on the paths that need the level itself. */
-static inline uint64_t production(const struct tb__view *v, int64_t at)
-{
-	return (uint64_t)tb__whole(v, tb__fine_units(v, at));
-}
-
-/* The level at "at" of tail: burst - tail + P(at), never above burst. */
-static int64_t level_of(const struct tb__view *v, uint64_t burst, int64_t at, uint64_t tail)
-{
-	if (full_at(v, at, tail))
-		return (int64_t)burst;
-	return (int64_t)(production(v, at) + burst - tail);
-}
-
-/* ---- Time ------------------------------------------------------------------- */
 
 /*
- * The table's time of a call: the first call fixes the origin; an earlier
- * time is read as the origin.  Returns the origin.
+ * a - b for two tails (or a tail and Q) modulo 2^55, as a signed value:
+ * tails are read relative to Q, and every tail a call writes lies within
+ * 2^54 of Q (a regime produces at most TBT_ANCHOR tokens before the table
+ * is re-anchored), so the difference is exact.
  */
-static inline int64_t table_time(struct tokenbucket_table *t, int64_t now, int64_t *at)
+static inline int64_t tdiff(uint64_t a, uint64_t b)
 {
-	now = tb__time(now);
+	return (int64_t)((a - b) << (64 - TBT_VER_SHIFT + 1)) >> (64 - TBT_VER_SHIFT + 1);
+}
+
+/*
+ * Whether Q(at) - tail >= x (x a level, at most 2^40 beyond a burst):
+ * P(at) >= tail + x - hoff, with no division.
+ */
+static inline bool level_at_least(const struct tbt_call *c, int64_t at, uint64_t tail, uint64_t x)
+{
+	int64_t need = tdiff(tail + x, c->v.hoff);
+	return need <= 0 || fine_of(&c->v, at) >= (tb__u128)(uint64_t)need * c->v.q;
+}
+
+/* Whether a tail is full at "at": Q(at) - tail >= burst. */
+static inline bool full_at(const struct tbt_call *c, int64_t at, uint64_t tail)
+{
+	return level_at_least(c, at, tail, c->burst);
+}
+
+/* Q(at) - burst modulo 2^55, the tail of a full key, exactly: one division. */
+static inline uint64_t full_tail(const struct tbt_call *c, int64_t at)
+{
+	return (c->v.hoff + (uint64_t)tb__whole(&c->v, fine_of(&c->v, at)) - c->burst) &
+	       TBT_TAIL_MASK;
+}
+
+/* The level at "at" of tail: Q(at) - tail, never above burst. */
+static int64_t level_of(const struct tbt_call *c, int64_t at, uint64_t tail)
+{
+	if (full_at(c, at, tail))
+		return (int64_t)c->burst;
+	return tdiff(full_tail(c, at) + c->burst, tail);
+}
+
+/*
+ * Whether the regime has produced TBT_ANCHOR tokens by "at": a call that
+ * writes a tail then re-anchors the table first (reanchor), so that every
+ * tail written lies within 2^54 of Q.  A call's time is never before its
+ * regime's origin.
+ */
+static inline bool past_horizon(const struct tbt_call *c, int64_t at)
+{
+	return (uint64_t)at - (uint64_t)c->v.origin >= c->hspan;
+}
+
+static inline bool table_corrupt(const struct tokenbucket_table *t)
+{
+	return atomic_load_explicit(&t->mem->header.h.corrupt, memory_order_relaxed) != 0;
+}
+
+/* Marks the table corrupt for every process that maps it; returns false. */
+static bool table_give_up(struct tokenbucket_table *t)
+{
+	atomic_store_explicit(&t->mem->header.h.corrupt, 1, memory_order_relaxed);
+	return false;
+}
+
+/*
+ * Reads regime slot r into c (v, burst, hspan), with origin resolved (the
+ * table's for regime 0), without the seqlock; false for words no regime
+ * holds: q 0 (fine0 < q fails), a burst above the most.  A rate 0 with q
+ * above 1 produces nothing all the same (F = fine0 < q).
+ */
+static inline __attribute__((always_inline)) bool load_slot(const struct tbt_regime *r,
+							    int64_t table_origin,
+							    struct tbt_call *c)
+{
+	struct tb__view *v = &c->v;
+	int64_t origin = atomic_load_explicit(&r->origin, memory_order_relaxed);
+	v->origin = origin == TB__NO_TIME ? table_origin : origin;
+	v->fine0 = atomic_load_explicit(&r->fine0, memory_order_relaxed);
+	v->p = atomic_load_explicit(&r->p, memory_order_relaxed);
+	v->q = atomic_load_explicit(&r->q, memory_order_relaxed);
+	v->hoff = atomic_load_explicit(&r->hoff, memory_order_relaxed);
+	c->burst = atomic_load_explicit(&r->burst, memory_order_relaxed);
+	c->hspan = (uint64_t)atomic_load_explicit(&r->hspan, memory_order_relaxed);
+	v->kind = v->p ? TB__FINITE : TB__ZERO;
+	v->limit = INT64_MAX; /* the core's horizon: the table keeps its own (hspan) */
+	v->until = TOKENBUCKET_NEVER;
+	return v->fine0 < v->q && c->burst <= TOKENBUCKET_TABLE_BURST_MAX;
+}
+
+/* The first call fixes the table's origin; returns it. */
+static inline int64_t table_origin(struct tokenbucket_table *t, int64_t now)
+{
 	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
 	if (__builtin_expect(origin == TB__NO_TIME, 0)) {
 		if (atomic_compare_exchange_strong(&t->mem->header.h.origin, &origin, now))
 			origin = now;
 	}
-	*at = now < origin ? origin : now;
 	return origin;
 }
+
+static void writer_help(struct tokenbucket_table *t);
+
+/*
+ * Reads the regime in force into c (a seqlock on gen, as tb__view) and the
+ * call's time: at least the table's origin and the regime's, so production
+ * is never asked for before them.  The table's first call that records a
+ * time fixes its origin: any call but one asking for more than burst
+ * (most).  A regime found frozen whose writer died is repaired first
+ * (writer_help, never waiting).  False, the table marked corrupt, for
+ * words no table holds or a seqlock that never settles.
+ */
+static __attribute__((noinline)) bool read_regime_slow(struct tokenbucket_table *t,
+						       struct tbt_call *c, uint64_t most)
+{
+	struct tbt_regimes *g = &t->mem->regimes;
+	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
+	for (int round = 0;; round++) {
+		TB__ROUND();
+		if (round == TB__ROUNDS_MAX || table_corrupt(t))
+			return table_give_up(t);
+		c->v.gen = atomic_load_explicit(&g->gen, memory_order_acquire);
+		bool ok = load_slot(&g->slot[(c->v.gen >> 1) & 1], origin, c);
+		if (c->v.gen & 1)
+			c->v.until = atomic_load_explicit(&g->frozen_at, memory_order_relaxed);
+		atomic_thread_fence(memory_order_acquire);
+		if (atomic_load_explicit(&g->gen, memory_order_relaxed) != c->v.gen)
+			continue;
+		if (!ok)
+			return table_give_up(t);
+		if (__builtin_expect(origin == TB__NO_TIME, 0) && most <= c->burst) {
+			origin = table_origin(t, c->now);
+			continue;
+		}
+		if (__builtin_expect(c->v.gen & 1, 0) && round == 0) {
+			writer_help(t);
+			continue;
+		}
+		break;
+	}
+	c->at = c->now < origin ? origin : c->now;
+	if (c->at < c->v.origin && c->v.origin != TB__NO_TIME)
+		c->at = c->v.origin;
+	return true;
+}
+
+/*
+ * read_regime's usual case, inline: the origin fixed, the regime stable
+ * and valid, read once.  Everything else goes the slow way, which also
+ * fails fast on a table marked corrupt.
+ */
+static inline __attribute__((always_inline)) bool read_regime(struct tokenbucket_table *t,
+							      struct tbt_call *c, uint64_t most)
+{
+	const struct tbt_regimes *g = &t->mem->regimes;
+	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
+	uint64_t gen = atomic_load_explicit(&g->gen, memory_order_acquire);
+	bool ok = load_slot(&g->slot[(gen >> 1) & 1], origin, c);
+	atomic_thread_fence(memory_order_acquire);
+	if (__builtin_expect(!ok || (gen & 1) || origin == TB__NO_TIME ||
+				     atomic_load_explicit(&g->gen, memory_order_relaxed) != gen,
+			     0))
+		return read_regime_slow(t, c, most);
+	c->v.gen = gen;
+	/* A regime's origin is never before the table's: writers start it at a later time. */
+	c->at = c->now < c->v.origin ? c->v.origin : c->now;
+	return true;
+}
+
+/*
+ * Whether the regime the call read is still in force, read after the
+ * key's clock (sequentially consistent, both): a writer's scan that
+ * follows its freeze then sees that clock, so the change happens no
+ * earlier than the call.
+ */
+static inline bool regime_holds(const struct tokenbucket_table *t, const struct tbt_call *c)
+{
+	return atomic_load(&t->mem->regimes.gen) == c->v.gen;
+}
+
+/* ---- Time ------------------------------------------------------------------- */
 
 /*
  * The key's effective time: its clock moves up to at, and a time earlier
@@ -191,12 +339,6 @@ static inline int64_t key_time(struct tbt_slot *s, int64_t at)
 	return c;
 }
 
-/* Whether "at" lies past the horizon, where tails could outgrow their 55 bits. */
-static inline bool past_horizon(const struct tokenbucket_table *t, int64_t origin, int64_t at)
-{
-	return (uint64_t)at - (uint64_t)origin >= (uint64_t)t->hspan;
-}
-
 /* ---- Lookup ----------------------------------------------------------------- */
 
 static inline bool bad_key(const void *key, size_t len)
@@ -204,9 +346,13 @@ static inline bool bad_key(const void *key, size_t len)
 	return key == NULL && len != 0;
 }
 
-/* Hashes the key and prepares the call: candidates and the table's time. */
-static inline void call_init(struct tokenbucket_table *t, int64_t now, const void *key,
-			     size_t len, struct tbt_call *c)
+/*
+ * Hashes the key and prepares the call: candidates, the regime and the
+ * table's time (fixing the origin unless most > burst, see read_regime).
+ * False for a corrupt table.
+ */
+static inline __attribute__((always_inline)) bool call_init(struct tokenbucket_table *t, int64_t now, const void *key,
+			     size_t len, uint64_t most, struct tbt_call *c)
 {
 	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
 	uint64_t a, b;
@@ -222,7 +368,8 @@ static inline void call_init(struct tokenbucket_table *t, int64_t now, const voi
 	__builtin_prefetch(c->bucket[0], 1);
 	__builtin_prefetch(c->bucket[1], 1);
 	c->nc = a == b ? TBT_BUCKET_SLOTS : TBT_CANDIDATES;
-	c->origin = table_time(t, now, &c->at);
+	c->now = tb__time(now);
+	return read_regime(t, c, most);
 }
 
 /*
@@ -314,12 +461,12 @@ static bool rescan(struct tbt_counters *k, const struct tbt_call *c, int mine)
  * Gives the key a slot, at the call's time: a free slot, else one whose key
  * is full, else (TOKENBUCKET_TABLE_EVICT) the fullest.  Returns the slot
  * with its confirmed state, or NULL when the policy refuses (counted).
- * The key is full in its new slot: its tail is at most P(at).
+ * The key is full in its new slot: its tail is at most Q(at) - burst.
  */
-static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, uint64_t *state)
+static struct tbt_slot *insert(struct tokenbucket_table *t, const struct tbt_call *c,
+			       uint64_t *state)
 {
 	struct tbt_counters *k = &t->mem->counters;
-	const struct tb__view v = table_view(t, c->origin);
 	int spins = 0;
 	/*
 	 * Every round but a spin changes a slot (ours or another caller's); on
@@ -343,7 +490,7 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 			sts[i] = atomic_load(&cand(c, i)->state);
 			fps[i] = atomic_load(&cand(c, i)->fp);
 			full[i] = !st_claimed(sts[i]) && !st_empty(sts[i]) &&
-				  full_at(&v, c->at, st_tail(sts[i]));
+				  full_at(c, c->at, st_tail(sts[i]));
 			live[i / TBT_BUCKET_SLOTS] +=
 				st_claimed(sts[i]) || (!st_empty(sts[i]) && !full[i]);
 		}
@@ -367,7 +514,8 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 			else
 				w = TBT_LOSSY;
 			/* The best worth; among equals the fullest (smallest tail). */
-			if (best < 0 || w < worth || (w == worth && st_tail(st) < st_tail(best_st))) {
+			if (best < 0 || w < worth ||
+			    (w == worth && tdiff(st_tail(st), st_tail(best_st)) < 0)) {
 				best = i;
 				worth = w;
 				best_st = st;
@@ -421,8 +569,8 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 			continue; /* the key was confirmed elsewhere: the next pass finds it */
 		}
 		uint64_t tail = st_tail(claimed);
-		if (!full_at(&v, c->at, tail))
-			tail = production(&v, c->at);
+		if (!full_at(c, c->at, tail))
+			tail = full_tail(c, c->at);
 		uint64_t confirmed = st_next(claimed, false, tail);
 		if (!atomic_compare_exchange_strong(&s->state, &claimed, confirmed))
 			continue; /* voided by someone else: start again */
@@ -435,19 +583,65 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, struct tbt_call *c, 
 
 /* ---- Takes ------------------------------------------------------------------ */
 
+static int tbt_lock(struct tokenbucket_table *t);
+static int change_locked(struct tokenbucket_table *t, int64_t now, uint64_t p, uint64_t q,
+			 uint64_t burst, bool exact);
+
+/*
+ * For a call about to write a tail at "at", past the TBT_ANCHOR tokens of
+ * its regime: re-anchors the table, a change to the same rate and burst at
+ * "at" (production starts again from 0 there, and every full key's tail
+ * moves up to Q - burst, so that every tail stays within 2^54 of Q),
+ * unless another call or change did so meanwhile; then reads the regime
+ * again into c (fixing the origin as read_regime does for most).  Waits
+ * for the writer mutex, at most TB__LOCK_WAIT_NS.  0, -EDEADLK, -EBADMSG.
+ */
+static __attribute__((noinline)) int reanchor(struct tokenbucket_table *t, struct tbt_call *c,
+					      int64_t at, uint64_t most)
+{
+	int err = tbt_lock(t);
+	if (err)
+		return err;
+	struct tbt_call cur = {.now = at};
+	if (!read_regime(t, &cur, UINT64_MAX))
+		err = -EBADMSG;
+	else if (past_horizon(&cur, cur.at))
+		err = change_locked(t, cur.at, cur.v.p, cur.v.q, cur.burst, true);
+	pthread_mutex_unlock(&t->mem->lock.writer);
+	if (err == 0 && !read_regime(t, c, most))
+		err = -EBADMSG;
+	return err;
+}
+
 /* What a take decided, for the result. */
 struct tbt_outcome {
 	bool allowed;
 	bool no_bucket;
 	int64_t at;      /* the key's effective time */
 	int64_t level;   /* the level after the decision (exact only when asked for) */
-	int64_t origin;
 };
+
+/*
+ * After the key's clock: whether the call may go on with the regime it
+ * read.  If a change published another, the call reads it and starts
+ * again (*rounds counts that, bounded).  Returns 0 to go on, 1 to start
+ * again, -EBADMSG for a corrupt table.
+ */
+static inline __attribute__((always_inline)) int regime_check(struct tokenbucket_table *t, struct tbt_call *c, uint64_t most,
+			       int *rounds)
+{
+	if (__builtin_expect(regime_holds(t, c), 1))
+		return 0;
+	if (++*rounds == TB__ROUNDS_MAX || !read_regime(t, c, most))
+		return table_give_up(t), -EBADMSG;
+	return 1;
+}
 
 /*
  * The take of allow: n tokens if the level at the key's time reaches n.
  * exact asks for the level after (one division); a plain allow divides
- * only when it drops what lies above burst.  0, or -ERANGE past the horizon.
+ * only when it drops what lies above burst.  0, -ERANGE past the horizon,
+ * -EBADMSG for a corrupt table.
  */
 static inline __attribute__((always_inline)) int take(struct tokenbucket_table *t,
 							      struct tbt_call *c, uint64_t n,
@@ -455,6 +649,7 @@ static inline __attribute__((always_inline)) int take(struct tokenbucket_table *
 {
 	uint64_t st;
 	struct tbt_slot *s;
+	int rounds = 0;
 again:
 	s = find(c, &st);
 	if (s == NULL) {
@@ -462,7 +657,7 @@ again:
 			/* A key with no bucket is full: nothing to record. */
 			o->allowed = true;
 			o->at = c->at;
-			o->level = (int64_t)t->burst;
+			o->level = (int64_t)c->burst;
 			return 0;
 		}
 		s = insert(t, c, &st);
@@ -470,24 +665,44 @@ again:
 			o->allowed = t->flags & TOKENBUCKET_TABLE_FAIL_OPEN;
 			o->no_bucket = true;
 			o->at = c->at;
-			o->level = (int64_t)t->burst;
+			o->level = (int64_t)c->burst;
 			return 0;
 		}
 	}
 	for (;;) {
 		TB__ROUND();
 		int64_t at = key_time(s, c->at);
-		if (past_horizon(t, c->origin, at))
-			return -ERANGE;
+		int moved = regime_check(t, c, n, &rounds);
+		if (moved < 0)
+			return moved;
+		if (moved) {
+			if (n > c->burst) {
+				/* A change lowered the burst under n meanwhile: refused as allow refuses it. */
+				o->allowed = false;
+				o->at = c->at;
+				o->level = (int64_t)c->burst;
+				return 0;
+			}
+			goto again;
+		}
+		if (__builtin_expect(past_horizon(c, at), 0)) {
+			int err = ++rounds == TB__ROUNDS_MAX ? -EBADMSG : reanchor(t, c, at, n);
+			if (err)
+				return err;
+			goto again;
+		}
 		uint64_t tail = st_tail(st), base = tail;
-		const struct tb__view v = table_view(t, c->origin);
-		tb__u128 f = tb__fine_units(&v, at);
+		tb__u128 f = fine_of(&c->v, at);
+		/* As level_at_least. */
+		int64_t need = tdiff(tail + c->burst, c->v.hoff);
 		bool ok;
-		if (f >= (tb__u128)tail * v.q) {
-			base = (uint64_t)tb__whole(&v, f); /* full: drop what lies above burst */
+		if (need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q) {
+			/* full: drop what lies above burst */
+			base = c->v.hoff + (uint64_t)tb__whole(&c->v, f) - c->burst;
 			ok = true;
 		} else {
-			ok = tail + n <= t->burst || f >= (tb__u128)(tail + n - t->burst) * v.q;
+			need = tdiff(tail + n, c->v.hoff);
+			ok = need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q;
 		}
 		o->at = at;
 		uint64_t seen = st;
@@ -496,7 +711,7 @@ again:
 			if (after == st || atomic_compare_exchange_strong(&s->state, &st, after)) {
 				o->allowed = true;
 				if (exact)
-					o->level = level_of(&v, t->burst, at, base + n);
+					o->level = level_of(c, at, base + n);
 				return 0;
 			}
 		} else {
@@ -505,7 +720,7 @@ again:
 			if (st == seen && atomic_load(&s->clock) == at) {
 				o->allowed = false;
 				if (exact)
-					o->level = level_of(&v, t->burst, at, tail);
+					o->level = level_of(c, at, tail);
 				return 0;
 			}
 		}
@@ -517,17 +732,27 @@ again:
 bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now, const void *key,
 				size_t len, uint64_t n)
 {
-	if (t == NULL || bad_key(key, len) || n > t->burst)
+	if (t == NULL || bad_key(key, len))
 		return false;
 	struct tbt_call c;
-	call_init(t, now, key, len, &c);
+	if (!call_init(t, now, key, len, n, &c) || n > c.burst)
+		return false;
 	struct tbt_outcome o = {0};
-	return !past_horizon(t, c.origin, c.at) && take(t, &c, n, false, &o) == 0 && o.allowed;
+	if (__builtin_expect(past_horizon(&c, c.at), 0) && reanchor(t, &c, c.at, n) != 0)
+		return false;
+	return take(t, &c, n, false, &o) == 0 && o.allowed;
 }
 
 bool tokenbucket_table_allow(struct tokenbucket_table *t, const void *key, size_t len, uint64_t n)
 {
 	return tokenbucket_table_allow_at(t, tb__now(), key, len, n);
+}
+
+/* The state of slot s read again after the key's clock: the latest of the same owner. */
+static inline uint64_t state_again(struct tbt_slot *s, uint64_t st)
+{
+	uint64_t again = atomic_load_explicit(&s->state, memory_order_acquire);
+	return st_ver(again) == st_ver(st) && !st_claimed(again) ? again : st;
 }
 
 int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, const void *key,
@@ -536,34 +761,28 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 	if (t == NULL || res == NULL || bad_key(key, len))
 		return -EINVAL;
 	struct tbt_call c;
-	call_init(t, now, key, len, &c);
+	if (!call_init(t, now, key, len, 0, &c))
+		return -EBADMSG;
 	struct tbt_outcome o = {0};
-	const struct tb__view v = table_view(t, c.origin);
-	if (n > t->burst) {
+	if (n > c.burst) {
 		/* Refused at once; the report is at now, which the key sees (as tokens_at). */
 		uint64_t st;
 		struct tbt_slot *s = find(&c, &st);
 		o.at = s ? key_time(s, c.at) : c.at;
-		if (past_horizon(t, c.origin, o.at))
-			return -ERANGE;
-		o.level = (int64_t)t->burst;
-		if (s) {
-			uint64_t again = atomic_load_explicit(&s->state, memory_order_acquire);
-			if (st_ver(again) == st_ver(st) && !st_claimed(again))
-				st = again;
-			o.level = level_of(&v, t->burst, o.at, st_tail(st));
-		}
+		o.level = s ? level_of(&c, o.at, st_tail(state_again(s, st))) : (int64_t)c.burst;
 	} else {
-		int err = past_horizon(t, c.origin, c.at) ? -ERANGE : take(t, &c, n, true, &o);
+		int err = past_horizon(&c, c.at) ? reanchor(t, &c, c.at, n) : 0;
+		if (err == 0)
+			err = take(t, &c, n, true, &o);
 		if (err)
 			return err;
 	}
-	tb__result(&v, o.at, n, t->burst, o.allowed, o.level, res);
+	tb__result(&c.v, o.at, n, c.burst, o.allowed, o.level, res);
 	if (o.no_bucket) {
 		res->flags |= TOKENBUCKET_RESULT_NO_BUCKET;
 		/* Refused for want of a slot: one frees within the time a bucket refills. */
 		if (!o.allowed)
-			res->retry_after_ns = tb__duration(&v, t->burst);
+			res->retry_after_ns = tb__duration(&c.v, c.burst);
 	}
 	return 0;
 }
@@ -580,15 +799,21 @@ int tokenbucket_table_reserve_at(struct tokenbucket_table *t, int64_t now, const
 {
 	if (t == NULL || r == NULL || bad_key(key, len))
 		return -EINVAL;
-	if (n > t->burst)
-		return -E2BIG;
 	struct tbt_call c;
-	call_init(t, now, key, len, &c);
-	if (past_horizon(t, c.origin, c.at))
-		return -ERANGE;
+	if (!call_init(t, now, key, len, n, &c))
+		return -EBADMSG;
+	int rounds = 0;
 	uint64_t st;
 	struct tbt_slot *s;
 again:
+	if (n > c.burst)
+		return -E2BIG;
+	if (past_horizon(&c, c.at)) {
+		int err = ++rounds == TB__ROUNDS_MAX ? -EBADMSG : reanchor(t, &c, c.at, n);
+		if (err)
+			return err;
+		goto again;
+	}
 	s = find(&c, &st);
 	if (s == NULL) {
 		/* A key with no bucket is full: nothing to take for 0 tokens, no wait. */
@@ -610,16 +835,24 @@ again:
 			return 0;
 		}
 	}
-	const struct tb__view v = table_view(t, c.origin);
 	for (;;) {
 		TB__ROUND();
 		int64_t at = key_time(s, c.at);
-		if (past_horizon(t, c.origin, at))
-			return -ERANGE;
+		int moved = regime_check(t, &c, n, &rounds);
+		if (moved < 0)
+			return moved;
+		if (moved)
+			goto again;
+		if (past_horizon(&c, at)) {
+			int err = ++rounds == TB__ROUNDS_MAX ? -EBADMSG : reanchor(t, &c, at, n);
+			if (err)
+				return err;
+			goto again;
+		}
 		uint64_t tail = st_tail(st);
-		bool full = full_at(&v, at, tail);
-		uint64_t base = full ? production(&v, at) : tail;
-		int64_t level = full ? (int64_t)t->burst : level_of(&v, t->burst, at, tail);
+		bool full = full_at(&c, at, tail);
+		uint64_t base = full ? full_tail(&c, at) : tail;
+		int64_t level = full ? (int64_t)c.burst : level_of(&c, at, tail);
 		/* Wide: a slot's tail may be any 55 bits in a corrupt table. */
 		tb__i128 debt = (tb__i128)n - level;
 		int64_t act = at, wait = 0;
@@ -628,6 +861,9 @@ again:
 			if (debt > (tb__i128)TOKENBUCKET_TABLE_DEBT_MAX) {
 				err = -EOVERFLOW;
 			} else {
+				/* Frozen or not, the tokens come at the rate in force. */
+				struct tb__view v = c.v;
+				v.until = TOKENBUCKET_NEVER;
 				wait = tb__wait_of(&v, at, (uint64_t)debt, &act);
 			}
 		}
@@ -644,7 +880,7 @@ again:
 				*r = (struct tokenbucket_reservation){
 					.time_to_act = act,
 					.tokens = n,
-					.ticket = base + n,
+					.ticket = st_tail(after),
 				};
 				return 0;
 			}
@@ -670,22 +906,34 @@ void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, s
 	if (n == 0)
 		return;
 	struct tbt_call c;
-	call_init(t, now, key, len, &c);
+	if (!call_init(t, now, key, len, 0, &c))
+		return;
+	int rounds = 0;
 	uint64_t st;
+again:;
 	struct tbt_slot *s = find(&c, &st);
 	if (s == NULL)
 		return; /* no bucket: the key is full */
-	const struct tb__view v = table_view(t, c.origin);
 	for (;;) {
 		TB__ROUND();
 		int64_t at = key_time(s, c.at);
-		if (past_horizon(t, c.origin, at) || at > r->time_to_act)
+		int moved = regime_check(t, &c, 0, &rounds);
+		if (moved < 0)
+			return;
+		if (moved)
+			goto again;
+		if (at > r->time_to_act)
 			return; /* too late: the tokens were used */
+		if (past_horizon(&c, at)) {
+			if (++rounds == TB__ROUNDS_MAX || reanchor(t, &c, at, 0))
+				return;
+			goto again;
+		}
 		uint64_t tail = st_tail(st);
-		if (full_at(&v, at, tail))
+		if (full_at(&c, at, tail))
 			return; /* nothing fits under burst */
-		uint64_t floor_tail = production(&v, at);
-		uint64_t back = tail - floor_tail > n ? tail - n : floor_tail;
+		uint64_t floor_tail = full_tail(&c, at);
+		uint64_t back = (uint64_t)tdiff(tail, floor_tail) > n ? tail - n : floor_tail;
 		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, back)))
 			return;
 		if (st_claimed(st) || st_empty(st) ||
@@ -701,14 +949,12 @@ void tokenbucket_table_cancel(struct tokenbucket_table *t, const void *key, size
 }
 
 /* tokens_at's arithmetic: the level with the fraction of a token, as the bucket reports it. */
-static double tokens_of(const struct tokenbucket_table *t, int64_t origin, int64_t at,
-			uint64_t tail)
+static double tokens_of(const struct tbt_call *c, int64_t at, uint64_t tail)
 {
-	const struct tb__view v = table_view(t, origin);
-	int64_t level = level_of(&v, t->burst, at, tail);
-	if (level >= (int64_t)t->burst)
+	int64_t level = level_of(c, at, tail);
+	if (level >= (int64_t)c->burst)
 		return (double)level;
-	return tb__tokens_value(&v, level, at);
+	return tb__tokens_value(&c->v, level, at);
 }
 
 double tokenbucket_table_tokens_at(struct tokenbucket_table *t, int64_t now, const void *key,
@@ -717,24 +963,43 @@ double tokenbucket_table_tokens_at(struct tokenbucket_table *t, int64_t now, con
 	if (t == NULL || bad_key(key, len))
 		return NAN;
 	struct tbt_call c;
-	call_init(t, now, key, len, &c);
+	if (!call_init(t, now, key, len, 0, &c))
+		return NAN;
 	uint64_t st;
 	struct tbt_slot *s = find(&c, &st);
 	if (s == NULL)
-		return past_horizon(t, c.origin, c.at) ? NAN : (double)t->burst;
+		return (double)c.burst;
 	int64_t at = key_time(s, c.at);
-	if (past_horizon(t, c.origin, at))
-		return NAN;
 	/* The state read after the clock: no older than any take at that time. */
-	uint64_t again = atomic_load_explicit(&s->state, memory_order_acquire);
-	if (st_ver(again) == st_ver(st) && !st_claimed(again))
-		st = again;
-	return tokens_of(t, c.origin, at, st_tail(st));
+	return tokens_of(&c, at, st_tail(state_again(s, st)));
 }
 
 double tokenbucket_table_tokens(struct tokenbucket_table *t, const void *key, size_t len)
 {
 	return tokenbucket_table_tokens_at(t, tb__now(), key, len);
+}
+
+/*
+ * The table's wait after a sleep: whether the ticket is covered (Q(now) >=
+ * ticket, the level the reservation left is back to 0 or more).
+ */
+int tbt_covered_at(struct tokenbucket_table *t, int64_t now, const void *key, size_t len,
+		   uint64_t ticket, int64_t *pause)
+{
+	struct tbt_call c;
+	if (!call_init(t, now, key, len, 0, &c))
+		return -EBADMSG;
+	uint64_t st;
+	struct tbt_slot *s = find(&c, &st);
+	if (s == NULL)
+		return 0; /* no bucket: the key is full */
+	int64_t at = key_time(s, c.at);
+	/* Covered: Q(at) - ticket >= 0. */
+	if (level_at_least(&c, at, ticket, 0))
+		return 0;
+	uint64_t missing = (uint64_t)tdiff(ticket, full_tail(&c, at) + c.burst);
+	*pause = tb__duration(&c.v, missing);
+	return 1;
 }
 
 /* ---- Inspection ------------------------------------------------------------- */
@@ -744,7 +1009,9 @@ int tokenbucket_table_next(struct tokenbucket_table *t, uint64_t *cursor, int64_
 {
 	if (t == NULL || cursor == NULL || e == NULL)
 		return -EINVAL;
-	int64_t origin = atomic_load(&t->mem->header.h.origin);
+	struct tbt_call c = {.now = tb__time(now)};
+	if (!read_regime(t, &c, UINT64_MAX))
+		return -EBADMSG;
 	for (uint64_t i = *cursor; i < t->lines * 2; i++) {
 		struct tbt_slot *s = &t->line[i / 2].slot[i % 2];
 		uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
@@ -754,13 +1021,10 @@ int tokenbucket_table_next(struct tokenbucket_table *t, uint64_t *cursor, int64_
 		int64_t clock = atomic_load(&s->clock);
 		if (atomic_load(&s->state) != st || (f & TBT_TAG_MASK) != ((st_ver(st) - 1) & 0xff))
 			continue;
-		int64_t at = tb__time(now);
-		if (at < clock)
-			at = clock;
-		double tokens = (double)t->burst;
-		if (origin != TB__NO_TIME && at >= origin)
-			tokens = past_horizon(t, origin, at) ? NAN
-							     : tokens_of(t, origin, at, st_tail(st));
+		int64_t at = c.at < clock ? clock : c.at;
+		double tokens = (double)c.burst;
+		if (c.v.origin != TB__NO_TIME)
+			tokens = tokens_of(&c, at, st_tail(st));
 		*e = (struct tokenbucket_table_entry){
 			.fingerprint = f >> 8,
 			.clock = clock,
@@ -803,15 +1067,40 @@ struct tbt_config {
 	unsigned flags;
 };
 
-/* The ns from the origin until production reaches TBT_HORIZON (INT64_MAX: never). */
-static int64_t horizon_span(uint64_t p, uint64_t q)
+/* The ns a regime's rate takes to produce j tokens (INT64_MAX: never). */
+static int64_t horizon_span(uint64_t p, uint64_t q, uint64_t j)
 {
 	const struct tb__view v = {.p = p, .q = q, .kind = p ? TB__FINITE : TB__ZERO};
-	return tb__duration(&v, TBT_HORIZON); /* TOKENBUCKET_NEVER is INT64_MAX */
+	return tb__duration(&v, j); /* TOKENBUCKET_NEVER is INT64_MAX */
 }
 
-/* Horizons shorter than this (about 13 days) are refused: the rate is too fast. */
+/*
+ * A regime's hspan: from its origin until it has produced TBT_ANCHOR
+ * tokens, when the next call that writes a tail re-anchors the table (from
+ * the fraction carried in, fine0, a nanosecond earlier: a token more).
+ */
+static int64_t regime_hspan(uint64_t p, uint64_t q)
+{
+	return horizon_span(p, q, TBT_ANCHOR);
+}
+
+/*
+ * Rates whose 2^54 tokens take less than this (about 13 days) are refused:
+ * above 16 tokens per ns (re-anchors then come every 6.5 days or less).
+ */
 #define TBT_HORIZON_MIN (INT64_C(1) << 50)
+
+/* The rate and burst of a table, checked as every table function checks them. */
+static int rate_check(uint64_t tokens, int64_t period_ns, uint64_t burst, uint64_t *p,
+		      uint64_t *q)
+{
+	if (burst > TOKENBUCKET_TABLE_BURST_MAX)
+		return -ERANGE;
+	tb__ratio_from_every(tokens, period_ns, p, q);
+	if (horizon_span(*p, *q, TBT_HORIZON) < TBT_HORIZON_MIN)
+		return -ERANGE;
+	return 0;
+}
 
 static int config_check(struct tbt_config *k, uint64_t tokens, int64_t period_ns, uint64_t burst,
 			uint64_t capacity, unsigned flags)
@@ -820,11 +1109,11 @@ static int config_check(struct tbt_config *k, uint64_t tokens, int64_t period_ns
 	    (flags & ~(TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT)) ||
 	    flags == (TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT))
 		return -EINVAL;
-	if (burst > TOKENBUCKET_TABLE_BURST_MAX || capacity > TOKENBUCKET_TABLE_CAPACITY_MAX)
+	if (capacity > TOKENBUCKET_TABLE_CAPACITY_MAX)
 		return -ERANGE;
-	tb__ratio_from_every(tokens, period_ns, &k->p, &k->q);
-	if (horizon_span(k->p, k->q) < TBT_HORIZON_MIN)
-		return -ERANGE;
+	int err = rate_check(tokens, period_ns, burst, &k->p, &k->q);
+	if (err)
+		return err;
 	k->burst = burst;
 	k->capacity = capacity;
 	k->flags = flags;
@@ -853,8 +1142,31 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 	int err = secret(key);
 	if (err)
 		return err;
-	uint64_t lines = tbt_lines(k->capacity);
+	pthread_mutexattr_t attr;
+	err = tb__shared_mutexattr(&attr);
+	if (err)
+		return err;
 	atomic_store_explicit(&m->header.h.ready, 0, memory_order_relaxed);
+	memset(&m->lock, 0, sizeof(m->lock));
+	err = pthread_mutex_init(&m->lock.writer, &attr);
+	pthread_mutexattr_destroy(&attr);
+	if (err)
+		return -err;
+	uint64_t lines = tbt_lines(k->capacity);
+	struct tbt_regimes *g = &m->regimes;
+	atomic_store_explicit(&g->gen, 0, memory_order_relaxed);
+	atomic_store_explicit(&g->frozen_at, 0, memory_order_relaxed);
+	for (int i = 0; i < 2; i++) {
+		struct tbt_regime *r = &g->slot[i];
+		/* Q starts at the largest burst: a tail Q - burst is never below 0. */
+		atomic_store_explicit(&r->origin, TB__NO_TIME, memory_order_relaxed);
+		atomic_store_explicit(&r->fine0, 0, memory_order_relaxed);
+		atomic_store_explicit(&r->p, k->p, memory_order_relaxed);
+		atomic_store_explicit(&r->q, k->q, memory_order_relaxed);
+		atomic_store_explicit(&r->hoff, TOKENBUCKET_TABLE_BURST_MAX, memory_order_relaxed);
+		atomic_store_explicit(&r->burst, k->burst, memory_order_relaxed);
+		atomic_store_explicit(&r->hspan, regime_hspan(k->p, k->q), memory_order_relaxed);
+	}
 	memset(&m->counters, 0, sizeof(m->counters));
 	for (uint64_t i = 0; i < lines; i++) {
 		for (int j = 0; j < 2; j++) {
@@ -874,21 +1186,29 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 	h->flags = k->flags;
 	h->lines = lines;
 	h->capacity = k->capacity;
-	h->p = k->p;
-	h->q = k->q;
-	h->burst = k->burst;
 	h->k0 = key[0];
 	h->k1 = key[1];
 	atomic_store_explicit(&h->origin, TB__NO_TIME, memory_order_relaxed);
+	atomic_store_explicit(&h->corrupt, 0, memory_order_relaxed);
+	atomic_store_explicit(&h->exact_carry, 0, memory_order_relaxed);
 	atomic_store_explicit(&h->ready, TBT_READY, memory_order_release);
 	return 0;
 }
 
+/* Whether a regime slot holds words a regime can: the checks load_slot makes, and the rate's. */
+static bool regime_valid(const struct tbt_regime *r)
+{
+	struct tbt_call c;
+	return load_slot(r, 0, &c) && horizon_span(c.v.p, c.v.q, TBT_HORIZON) >= TBT_HORIZON_MIN;
+}
+
 /*
- * The header's checks: what is not a table, another layout, a table not
- * initialised yet, then a configuration no table can have.  Slots need no
- * check: any word there yields a defined state (docs/shm.md, "Corrupt
- * mappings").
+ * The header's checks: what is not a table, another layout (a table of
+ * 1.1 has layout 2: -EPROTO), a table not initialised yet, then a
+ * configuration no table can have: the regime in force, and while a
+ * change freezes it the next one, which a repair would publish, and the
+ * writer mutex's kind.  Slots need no check: any word there yields a
+ * defined state (docs/shm.md, "Corrupt mappings").
  */
 static int table_check(const struct tbt_mem *m, size_t size)
 {
@@ -903,10 +1223,14 @@ static int table_check(const struct tbt_mem *m, size_t size)
 		return -EAGAIN;
 	if (h->capacity == 0 || h->capacity > TOKENBUCKET_TABLE_CAPACITY_MAX ||
 	    h->lines != tbt_lines(h->capacity) || size < tokenbucket_table_size(h->capacity) ||
-	    h->burst > TOKENBUCKET_TABLE_BURST_MAX ||
 	    (h->flags & ~(TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT)) ||
-	    h->flags == (TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT) || h->q == 0 ||
-	    (h->p == 0 && h->q != 1) || horizon_span(h->p, h->q) < TBT_HORIZON_MIN)
+	    h->flags == (TOKENBUCKET_TABLE_FAIL_OPEN | TOKENBUCKET_TABLE_EVICT) ||
+	    atomic_load(&h->corrupt) != 0)
+		return -EBADMSG;
+	uint64_t gen = atomic_load(&m->regimes.gen);
+	if (!regime_valid(&m->regimes.slot[(gen >> 1) & 1]) ||
+	    ((gen & 1) && !regime_valid(&m->regimes.slot[((gen >> 1) + 1) & 1])) ||
+	    !tb__shared_mutex_valid(&m->lock.writer))
 		return -EBADMSG;
 	return 0;
 }
@@ -923,12 +1247,8 @@ static int handle(struct tokenbucket_table **tp, struct tbt_mem *m, enum tbt_own
 		.mem = m,
 		.line = m->line,
 		.lines = h->lines,
-		.p = h->p,
-		.q = h->q,
-		.burst = h->burst,
 		.k0 = h->k0,
 		.k1 = h->k1,
-		.hspan = horizon_span(h->p, h->q),
 		.flags = h->flags,
 		.owner = owner,
 		.mapped = mapped,
@@ -1037,9 +1357,16 @@ int tokenbucket_table_open(struct tokenbucket_table **tp, const char *name, uint
 		return err;
 	}
 	if (status) {
+		/* The rate and burst in force, which a change may have made others. */
 		const struct tbt_header *h = &((struct tbt_mem *)map)->header.h;
+		struct tbt_call c = {.now = TB__NO_TIME + 1};
+		if (!read_regime(*tp, &c, UINT64_MAX)) {
+			tokenbucket_table_free(*tp);
+			*tp = NULL;
+			return -EBADMSG;
+		}
 		*status = created ? TOKENBUCKET_OPEN_CREATED
-			  : h->p == k.p && h->q == k.q && h->burst == k.burst &&
+			  : c.v.p == k.p && c.v.q == k.q && c.burst == k.burst &&
 					  h->capacity == k.capacity && h->flags == k.flags
 				  ? 0
 				  : TOKENBUCKET_OPEN_DIFFERS;
@@ -1056,4 +1383,190 @@ void tokenbucket_table_free(struct tokenbucket_table *t)
 	else if (t->owner == TBT_NAMED)
 		munmap(t->mem, t->mapped);
 	free(t);
+}
+
+/* ---- Rate and burst changes (1.2) ------------------------------------------- */
+
+/*
+ * Finishes a change that froze the regime (gen odd), for the holder of the
+ * writer mutex.  The change happens at T = max(frozen_at, every key's
+ * clock): a call that used the old regime recorded its key's clock before
+ * it read gen again, which was before the freeze, so the scan sees that
+ * clock and no production is counted under two regimes; calls that saw
+ * the freeze count production up to frozen_at only, less than either
+ * regime would.  The next regime (its p, q and burst stored before the
+ * freeze) gets origin T, the old fraction carried as for a bucket's
+ * set_limit (tb__carry; whole in a re-anchor) and hoff = Q_old(T): Q is
+ * continuous at T and live keys' tails do not move, so every key's level
+ * is.  Every key full at T gets its tail moved up to Q_old(T) - old
+ * burst, the drop a take would make there: a raised burst brings back
+ * nothing the old one dropped, and no tail lags Q by more than one
+ * regime's production (TBT_ANCHOR).  Every step is idempotent and T only grows, so a
+ * writer that dies anywhere in here leaves work that a later finish
+ * completes as if it had done it all (tbt_lock, writer_help).
+ */
+static void finish(struct tokenbucket_table *t)
+{
+	struct tbt_regimes *g = &t->mem->regimes;
+	uint64_t gen = atomic_load(&g->gen);
+	int64_t origin = atomic_load(&t->mem->header.h.origin);
+	struct tbt_regime *nr = &g->slot[((gen >> 1) + 1) & 1];
+	struct tbt_call old = {.v.until = TOKENBUCKET_NEVER}, next;
+	if (!(gen & 1) || origin == TB__NO_TIME || !load_slot(&g->slot[(gen >> 1) & 1], origin, &old) ||
+	    !load_slot(nr, origin, &next)) {
+		table_give_up(t); /* only a writer freezes, after fixing the origin */
+		return;
+	}
+	int64_t at = atomic_load(&g->frozen_at);
+	if (at < old.v.origin)
+		at = old.v.origin;
+	uint64_t slots = t->lines * 2;
+	for (uint64_t i = 0; i < slots; i++) {
+		int64_t clock = atomic_load(&t->line[i / 2].slot[i % 2].clock);
+		if (clock > at)
+			at = clock;
+	}
+	uint64_t floor_tail = full_tail(&old, at);
+	for (uint64_t i = 0; i < slots; i++) {
+		struct tbt_slot *s = &t->line[i / 2].slot[i % 2];
+		uint64_t st = atomic_load(&s->state);
+		/* Each failure is a take's or a claim's progress; claims make full keys. */
+		for (int round = 0; round < TB__ROUNDS_MAX; round++) {
+			TB__ROUND();
+			if (st_claimed(st) || !full_at(&old, at, st_tail(st)) ||
+			    st_tail(st) == floor_tail ||
+			    atomic_compare_exchange_strong(&s->state, &st,
+							   st_with_tail(st, floor_tail)))
+				break;
+		}
+	}
+	uint64_t p = next.v.p, q = next.v.q;
+	/*
+	 * A re-anchor keeps the fraction whole (its rate is the same); a
+	 * set_limit carries it as a bucket's does, to the nanosecond.
+	 */
+	bool exact = atomic_load(&t->mem->header.h.exact_carry) && p == old.v.p && q == old.v.q;
+	uint64_t fine0 = exact ? tb__remainder(&old.v, at)
+			 : old.v.p && p ? tb__carry(&old.v, p, q, at)
+					: 0;
+	uint64_t hoff = (old.v.hoff + (uint64_t)tb__whole(&old.v, fine_of(&old.v, at))) & TBT_TAIL_MASK;
+	atomic_store_explicit(&nr->origin, at, memory_order_relaxed);
+	atomic_store_explicit(&nr->fine0, fine0, memory_order_relaxed);
+	atomic_store_explicit(&nr->hoff, hoff, memory_order_relaxed);
+	atomic_store_explicit(&nr->hspan, regime_hspan(p, q), memory_order_relaxed);
+	atomic_store(&g->gen, gen + 1);
+}
+
+/*
+ * Takes the writer mutex, waiting at most TB__LOCK_WAIT_NS, and finishes a
+ * change that its last holder left half done (it died: EOWNERDEAD; or a
+ * freeze with the mutex free).  0, -EDEADLK (not released in time: a
+ * stopped holder, or a lock word no live holder wrote), -EBADMSG (a
+ * corrupt table, or a mutex that fails to lock: marked corrupt).
+ */
+static int tbt_lock(struct tokenbucket_table *t)
+{
+	if (table_corrupt(t))
+		return -EBADMSG;
+	pthread_mutex_t *m = &t->mem->lock.writer;
+	int err = tb__lock_bounded(m);
+	if (err == ETIMEDOUT)
+		return -EDEADLK;
+	if (err != 0 && err != EOWNERDEAD) {
+		table_give_up(t);
+		return -EBADMSG;
+	}
+	if (atomic_load(&t->mem->regimes.gen) & 1)
+		finish(t);
+	if (err == EOWNERDEAD && pthread_mutex_consistent(m) != 0)
+		table_give_up(t);
+	if (table_corrupt(t)) {
+		pthread_mutex_unlock(m);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
+/*
+ * For a call that found the regime frozen: finishes the change if no live
+ * writer holds the mutex (its holder died, or it is free).  Never waits.
+ */
+static void writer_help(struct tokenbucket_table *t)
+{
+	pthread_mutex_t *m = &t->mem->lock.writer;
+	int err = pthread_mutex_trylock(m);
+	if (err != 0 && err != EOWNERDEAD)
+		return; /* a live writer holds it: the freeze ends when it publishes */
+	if (atomic_load(&t->mem->regimes.gen) & 1)
+		finish(t);
+	if (err == EOWNERDEAD)
+		pthread_mutex_consistent(m);
+	pthread_mutex_unlock(m);
+}
+
+int tokenbucket_table_set_limit_at(struct tokenbucket_table *t, int64_t now,
+				   const struct tokenbucket_limit *lim)
+{
+	if (t == NULL || lim == NULL || lim->period_ns < 0)
+		return -EINVAL;
+	if (lim->tokens > 0 && lim->period_ns == 0)
+		return -ERANGE; /* unlimited: no table has it */
+	uint64_t p, q;
+	int err = rate_check(lim->tokens, lim->period_ns, lim->burst, &p, &q);
+	if (err)
+		return err;
+	err = tbt_lock(t);
+	if (err)
+		return err;
+	err = change_locked(t, tb__time(now), p, q, lim->burst, false);
+	pthread_mutex_unlock(&t->mem->lock.writer);
+	return err;
+}
+
+/*
+ * A change to p/q (lowest terms) and burst at now (checked), for the
+ * holder of the writer mutex: writes the next regime's rate and burst,
+ * freezes, and finishes.  exact: a re-anchor, whose fraction of a token is
+ * carried whole.  0 or -EBADMSG.
+ */
+static int change_locked(struct tokenbucket_table *t, int64_t now, uint64_t p, uint64_t q,
+			 uint64_t burst, bool exact)
+{
+	int64_t origin = table_origin(t, now);
+	struct tbt_regimes *g = &t->mem->regimes;
+	uint64_t gen = atomic_load(&g->gen); /* even: only writers change it, and we hold the lock */
+	struct tbt_call old;
+	if (!load_slot(&g->slot[(gen >> 1) & 1], origin, &old))
+		return table_give_up(t), -EBADMSG;
+	int64_t at = now < origin ? origin : now;
+	if (at < old.v.origin)
+		at = old.v.origin;
+	/* The next regime's rate and burst first, in the slot no reader uses; finish does the rest. */
+	struct tbt_regime *nr = &g->slot[((gen >> 1) + 1) & 1];
+	atomic_store_explicit(&nr->origin, at, memory_order_relaxed);
+	atomic_store_explicit(&nr->fine0, 0, memory_order_relaxed);
+	atomic_store_explicit(&nr->p, p, memory_order_relaxed);
+	atomic_store_explicit(&nr->q, q, memory_order_relaxed);
+	atomic_store_explicit(&nr->burst, burst, memory_order_relaxed);
+	atomic_store(&t->mem->header.h.exact_carry, exact);
+	atomic_store(&g->frozen_at, at);
+	atomic_store(&g->gen, gen + 1);
+	finish(t);
+	return table_corrupt(t) ? -EBADMSG : 0;
+}
+
+int tokenbucket_table_set_limit(struct tokenbucket_table *t, const struct tokenbucket_limit *lim)
+{
+	return tokenbucket_table_set_limit_at(t, tb__now(), lim);
+}
+
+int tokenbucket_table_get_limit(struct tokenbucket_table *t, struct tokenbucket_limit *lim)
+{
+	if (t == NULL || lim == NULL)
+		return -EINVAL;
+	struct tbt_call c = {.now = TB__NO_TIME + 1};
+	if (!read_regime(t, &c, UINT64_MAX) || c.v.q > (uint64_t)INT64_MAX)
+		return -EBADMSG;
+	*lim = (struct tokenbucket_limit){c.v.p, (int64_t)c.v.q, c.burst};
+	return 0;
 }

@@ -305,7 +305,7 @@ static void run_table(void *mem, size_t size, struct input *in)
 	for (int i = 0; i < MAX_CALLS && in->n > 0; i++) {
 		uint8_t op = u8(in);
 		uint8_t key = u8(in);
-		switch (op % 7) {
+		switch (op % 9) {
 		case 0:
 			call("table_allow_at");
 			(void)tokenbucket_table_allow_at(tt, next_time(in, &t), &key, 1,
@@ -316,7 +316,7 @@ static void run_table(void *mem, size_t size, struct input *in)
 			struct tokenbucket_result res;
 			err = tokenbucket_table_allow_result_at(tt, next_time(in, &t), &key, 1,
 								amount(in, burst), &res);
-			if (!one_of(err, 1, ERANGE))
+			if (!one_of(err, 3, ERANGE, EBADMSG, EDEADLK))
 				fail("table_allow_result_at", err);
 			break;
 		}
@@ -325,7 +325,7 @@ static void run_table(void *mem, size_t size, struct input *in)
 			int64_t now = next_time(in, &t);
 			uint64_t n = amount(in, burst);
 			err = tokenbucket_table_reserve_at(tt, now, &key, 1, n, (int64_t)u64(in, 8), &r);
-			if (!one_of(err, 5, E2BIG, ETIMEDOUT, EOVERFLOW, EBUSY, ERANGE))
+			if (!one_of(err, 7, E2BIG, ETIMEDOUT, EOVERFLOW, EBUSY, ERANGE, EBADMSG, EDEADLK))
 				fail("table_reserve_at", err);
 			break;
 		}
@@ -346,6 +346,27 @@ static void run_table(void *mem, size_t size, struct input *in)
 			while (tokenbucket_table_next(tt, &cursor, now, &e) == 0)
 				if (++steps > st.capacity)
 					fail("table_next: entries beyond capacity", (long long)steps);
+			break;
+		}
+		case 6: {
+			/* 1.2: a change of rate and burst, whatever the regimes and slots hold. */
+			call("table_set_limit_at");
+			int64_t now = next_time(in, &t);
+			struct tokenbucket_limit lim = {u64(in, 1), (int64_t)u64(in, 4), 0};
+			lim.burst = amount(in, burst);
+			err = tokenbucket_table_set_limit_at(tt, now, &lim);
+			if (!one_of(err, 4, EINVAL, ERANGE, EDEADLK, EBADMSG))
+				fail("table_set_limit_at", err);
+			break;
+		}
+		case 7: {
+			call("table_get_limit");
+			struct tokenbucket_limit lim;
+			err = tokenbucket_table_get_limit(tt, &lim);
+			if (!one_of(err, 1, EBADMSG))
+				fail("table_get_limit", err);
+			if (err == 0 && (lim.burst > TOKENBUCKET_TABLE_BURST_MAX || lim.period_ns <= 0))
+				fail("table_get_limit: a limit no table has", (long long)lim.burst);
 			break;
 		}
 		default:
@@ -391,7 +412,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 static size_t seed_calls(uint8_t *p, bool table)
 {
 	size_t n = 0;
-	int ops = table ? 7 : 20;
+	int ops = table ? 9 : 20;
 	for (int op = 0; op < ops; op++) {
 		p[n++] = (uint8_t)op;
 		if (table)
@@ -487,6 +508,8 @@ static int make_seeds(const char *dir)
 		{"table-full", 8, 0, 40, false},
 		{"table-evict", 8, TOKENBUCKET_TABLE_EVICT, 40, false},
 		{"table-fail-open", 8, TOKENBUCKET_TABLE_FAIL_OPEN, 40, true},
+		{"table-rate-changed", 16, 0, 5, false},
+		{"table-frozen", 16, 0, 5, false},
 	};
 	for (size_t k = 0; k < sizeof(tables) / sizeof(tables[0]); k++) {
 		size_t tsize = tokenbucket_table_size(tables[k].capacity);
@@ -501,6 +524,27 @@ static int make_seeds(const char *dir)
 			uint8_t key = (uint8_t)('a' + i);
 			(void)tokenbucket_table_allow_at(tt, SEC + i, &key, 1,
 							 tables[k].full ? 1 : 4);
+		}
+		const struct tokenbucket_limit lim = {3, 7000, 6};
+		if (k >= 5 && tokenbucket_table_set_limit_at(tt, 2 * SEC, &lim) != 0)
+			abort();
+		if (k == 6) {
+			/*
+			 * A change cut short: the next regime's rate and burst
+			 * written, frozen (gen odd), the mutex free, as a writer
+			 * killed after its freeze leaves it once its mutex is
+			 * repaired.  Words at their offsets in the layout (3).
+			 */
+			uint64_t *w = (uint64_t *)((char *)mem + 128); /* gen, then slot[0], slot[1] */
+			uint64_t gen = w[0];
+			uint64_t *next = w + 1 + 7 * (((gen >> 1) + 1) & 1);
+			next[0] = 3 * SEC; /* origin */
+			next[1] = 0;       /* fine0 */
+			next[2] = 1;       /* p */
+			next[3] = 1000;    /* q */
+			next[5] = 2;       /* burst */
+			w[15] = 3 * SEC;   /* frozen_at */
+			w[0] = gen + 1;
 		}
 		tokenbucket_table_free(tt);
 		err |= write_seed(dir, tables[k].name, true, mem, tsize);

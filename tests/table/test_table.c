@@ -19,6 +19,7 @@
 
 #include "check_tb.h"
 #include "siphash.h"
+#include "storm.h"
 #include "table.h"
 
 /* Counts scale down under sanitizers and valgrind (CK_TIMEOUT_MULTIPLIER). */
@@ -461,9 +462,11 @@ struct model {
 	uint64_t in_use, lossless, lossy, refused;
 };
 
+/* Q(at) - burst, the tail of a full key: the table's Q starts at TOKENBUCKET_TABLE_BURST_MAX. */
 static uint64_t model_p(const struct model *m, int64_t at)
 {
-	return (uint64_t)(((unsigned __int128)(uint64_t)(at - m->origin) * m->p) / m->q);
+	return (uint64_t)(((unsigned __int128)(uint64_t)(at - m->origin) * m->p) / m->q) +
+	       TOKENBUCKET_TABLE_BURST_MAX - m->burst;
 }
 
 static void model_take(struct model *m, const void *key, size_t len, int64_t at, uint64_t n,
@@ -528,8 +531,8 @@ static void stream_run(unsigned flags, uint64_t keys, uint64_t slots)
 	struct tbt_mem *mem = placed(1, MS, 8, slots, flags, &t, NULL);
 	struct model m = {
 		.lines = mem->header.h.lines,
-		.p = mem->header.h.p,
-		.q = mem->header.h.q,
+		.p = atomic_load(&mem->regimes.slot[0].p),
+		.q = atomic_load(&mem->regimes.slot[0].q),
 		.burst = 8,
 		.k0 = mem->header.h.k0,
 		.k1 = mem->header.h.k1,
@@ -848,10 +851,10 @@ START_TEST(bad_input)
 	ck_assert_ptr_null(t);
 	ck_assert_uint_eq(tokenbucket_table_size(0), 0);
 	ck_assert_uint_eq(tokenbucket_table_size(UINT64_MAX), 0);
-	ck_assert_uint_eq(tokenbucket_table_size(1), 256 + 128);
-	ck_assert_uint_eq(tokenbucket_table_size(4), 256 + 128);
-	ck_assert_uint_eq(tokenbucket_table_size(5), 256 + 256);
-	ck_assert_uint_eq(tokenbucket_table_size(100000), 256 + 32 * 100000);
+	ck_assert_uint_eq(tokenbucket_table_size(1), 512 + 128);
+	ck_assert_uint_eq(tokenbucket_table_size(4), 512 + 128);
+	ck_assert_uint_eq(tokenbucket_table_size(5), 512 + 256);
+	ck_assert_uint_eq(tokenbucket_table_size(100000), 512 + 32 * 100000);
 	/* 16 tokens per ns is the fastest rate a table takes. */
 	ck_assert_int_eq(tokenbucket_table_create(&t, 16, 1, 1, 1, 0), 0);
 	tokenbucket_table_free(t);
@@ -885,16 +888,20 @@ START_TEST(bad_input)
 	tokenbucket_table_free(t);
 	tokenbucket_table_free(NULL);
 
-	/* The horizon: 2^54 tokens after the origin every call refuses. */
+	/* No horizon (1.2): 2^54 tokens after the origin, and far beyond, calls still work. */
 	t = table_every(16, 1, 4, 4, 0);
 	ck_assert(tokenbucket_table_allow_at(t, 0, "a", 1, 1));
 	int64_t past = (int64_t)(UINT64_C(1) << 50);
-	ck_assert(!tokenbucket_table_allow_at(t, past, "a", 1, 1));
-	ck_assert(!tokenbucket_table_allow_at(t, past, "b", 1, 1));
-	ck_assert_int_eq(tokenbucket_table_reserve_at(t, past, "a", 1, 1, 0, &res), -ERANGE);
-	ck_assert_int_eq(tokenbucket_table_allow_result_at(t, past, "a", 1, 1, &r), -ERANGE);
-	ck_assert(isnan(tokenbucket_table_tokens_at(t, past, "a", 1)));
-	ck_assert(tokenbucket_table_allow_at(t, past - 1, "b", 1, 1));
+	for (int i = 1; i < 40; i++) {
+		int64_t at = past * i;
+		ck_assert(tokenbucket_table_allow_at(t, at, "a", 1, 1));
+		ck_assert_int_eq(tokenbucket_table_reserve_at(t, at, "a", 1, 3, 0, &res), 0);
+		ck_assert_double_eq(tokenbucket_table_tokens_at(t, at, "a", 1), 0);
+		ck_assert_double_eq(tokenbucket_table_tokens_at(t, at, "b", 1), 4);
+		ck_assert_int_eq(tokenbucket_table_allow_result_at(t, at, "a", 1, 1, &r), 0);
+		ck_assert(!r.allowed);
+		ck_assert_double_eq(tokenbucket_table_tokens_at(t, at + 1, "a", 1), 4);
+	}
 	tokenbucket_table_free(t);
 }
 END_TEST
@@ -928,12 +935,28 @@ START_TEST(placed_and_corrupt)
 	h->lines = UINT64_MAX;
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
 	h->lines = saved.lines;
-	h->q = 0;
+	struct tbt_regime *rg = &((struct tbt_mem *)mem)->regimes.slot[0];
+	uint64_t q = atomic_load(&rg->q), burst = atomic_load(&rg->burst);
+	atomic_store(&rg->q, 0);
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
-	h->q = saved.q;
-	h->burst = UINT64_MAX;
+	atomic_store(&rg->q, q);
+	atomic_store(&rg->burst, UINT64_MAX);
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
-	h->burst = saved.burst;
+	atomic_store(&rg->burst, burst);
+	/* The regime in force is the one checked: a frozen table's next one too. */
+	struct tbt_regimes *g = &((struct tbt_mem *)mem)->regimes;
+	atomic_store(&g->slot[1].q, 0);
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), 0);
+	tokenbucket_table_free(u);
+	atomic_store(&g->gen, 2);
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
+	atomic_store(&g->gen, 1);
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
+	atomic_store(&g->gen, 0);
+	atomic_store(&g->slot[1].q, q);
+	((struct tbt_mem *)mem)->lock.pad[16] ^= 0x90; /* the mutex's kind (glibc) */
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
+	((struct tbt_mem *)mem)->lock.pad[16] ^= 0x90;
 	h->magic = 0;
 	ck_assert_int_eq(tokenbucket_table_attach_shared(&u, mem, size), -EBADMSG);
 	h->magic = saved.magic;
@@ -1152,6 +1175,18 @@ static _Noreturn void proc_child(void *mem, size_t size, struct procs *s, unsign
 	}
 }
 
+struct proc_arg {
+	void *mem;
+	size_t size;
+	struct procs *s;
+};
+
+static void proc_storm_child(void *arg, unsigned seed)
+{
+	struct proc_arg *a = arg;
+	proc_child(a->mem, a->size, a->s, seed);
+}
+
 /*
  * Rate 0, burst 3: no key may be granted more than 3 however the processes
  * interleave or die.  First 4 processes to the end, then a storm of SIGKILLs
@@ -1197,26 +1232,10 @@ START_TEST(processes_and_sigkill)
 		if (pids[i] == 0)
 			proc_child(mem, size, s, (unsigned)(PROCS + i));
 	}
-	int kills = 0, want = 200 / slowdown();
-	srand(4242);
-	int64_t end = tokenbucket_now() + 20 * SEC;
-	while (kills < want && tokenbucket_now() < end) {
-		long calls = atomic_load(&s->calls);
-		usleep((useconds_t)(20 + rand() % 300));
-		while (atomic_load(&s->calls) == calls)
-			usleep(20);
-		int i = rand() % PROCS;
-		kill(pids[i], SIGKILL);
-		ck_assert_int_eq(waitpid(pids[i], NULL, 0), pids[i]);
-		kills++;
-		pids[i] = fork();
-		if (pids[i] == 0)
-			proc_child(mem, size, s, (unsigned)(2 * PROCS + kills * PROCS + i));
-	}
-	for (int i = 0; i < PROCS; i++) {
-		kill(pids[i], SIGKILL);
-		waitpid(pids[i], NULL, 0);
-	}
+	int want = 200 / slowdown();
+	struct proc_arg arg = {mem, size, s};
+	int kills = storm_run(pids, PROCS, &s->calls, want, 20, 4242, 2 * PROCS, proc_storm_child,
+			      &arg);
 	fprintf(stderr, "table storm: %d kills, %ld calls\n", kills, atomic_load(&s->calls));
 	ck_assert_int_ge(kills, want / 2);
 	for (int k = 0; k < STORM_KEYS; k++)
