@@ -33,7 +33,12 @@
  * checks with ROLE that it reached a primary.  A connection lost or timed
  * out, or one that answers READONLY (its server was demoted: the call did
  * not run and waits for the next connection, once), is followed by a new
- * round; rounds start at most every ASK_GAP_NS.  A round in which no
+ * round; rounds start at most every ASK_GAP_NS.  A primary demoted by
+ * SENTINEL FAILOVER may go on taking writes, as a primary, until the
+ * sentinels reconfigure it, and what it takes then is lost: so while
+ * calls flow, a round checks every CHECK_NS that the sentinels still name
+ * the connection's server, and if they name another the connection closes
+ * once the calls sent on it are answered, the next going where they say.  A round in which no
  * sentinel names a primary fails the calls that wait for it at once, with
  * the error the blocking client gives (-EHOSTUNREACH, or the last
  * sentinel's connection error), as does a primary named that cannot be
@@ -69,6 +74,8 @@
 #define SUSPECT_NS INT64_C(1000000000)
 /* The least time between the starts of two rounds of questions to the sentinels. */
 #define ASK_GAP_NS INT64_C(20000000)
+/* While calls flow on a Sentinel client's connection, how often the sentinels are asked whether it still goes to the primary. */
+#define CHECK_NS INT64_C(1000000000)
 
 struct tokenbucket_redis_async;
 
@@ -133,6 +140,10 @@ struct tokenbucket_redis_async {
 	struct conn asker;     /* to the sentinel asked now (node NULL) */
 	char *primary_host;    /* found by the last round, for the next connection (free()) */
 	int primary_port;
+	char *conn_host;       /* the address of the connection (free()), or NULL */
+	int conn_port;
+	bool checking;         /* the round checks the connection's address */
+	int64_t check_after;   /* the next check starts no sooner */
 	bool need_primary;     /* ops wait for a connection that needs an address */
 	bool in_round;         /* sentinels are being asked */
 	bool ask_got;          /* the sentinel asked now has answered or failed: ask_result */
@@ -573,8 +584,11 @@ static int conn_open(struct conn *c)
 						      : redisAsyncConnect(n->host, n->port);
 	if (a->sentinel != NULL) {
 		/* An address serves one connection: the next one asks again. */
-		free(a->primary_host);
+		free(a->conn_host);
+		a->conn_host = a->primary_host;
+		a->conn_port = a->primary_port;
 		a->primary_host = NULL;
+		a->check_after = tokenbucket_now() + CHECK_NS;
 	}
 	if (ac == NULL)
 		return -ENOMEM;
@@ -716,6 +730,24 @@ static void ask_open(struct tokenbucket_redis_async *a, int64_t now)
 }
 
 /*
+ * A check's answer (found_host): when the sentinels name another server
+ * than the connection's, the connection closes once the calls sent on it
+ * are answered, and the next one asks again.
+ */
+static void check_done(struct tokenbucket_redis_async *a)
+{
+	struct conn *c = a->nconns > 0 ? a->conns[0] : NULL;
+	bool moved = a->conn_host == NULL || a->found_port != a->conn_port ||
+		     strcmp(a->found_host, a->conn_host) != 0;
+	free(a->found_host);
+	a->found_host = NULL;
+	if (moved && c != NULL && c->ac != NULL && !c->dying) {
+		c->dying = true;
+		redisAsyncDisconnect(c->ac); /* may free it now, when nothing is in flight */
+	}
+}
+
+/*
  * Moves a round of questions on: takes the answer of the sentinel asked
  * (once its connection is gone), asks the next, ends the round with an
  * address or with the error of every op waiting; and starts a round when
@@ -728,11 +760,15 @@ static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
 		int r = a->ask_result;
 		if (r == 0) {
 			tbr__sentinel_answered(a->sentinel, a->ask_i);
+			a->in_round = false;
+			if (a->checking && !a->need_primary) {
+				check_done(a);
+				return;
+			}
 			free(a->primary_host);
 			a->primary_host = a->found_host;
 			a->primary_port = a->found_port;
 			a->found_host = NULL;
-			a->in_round = false;
 			return;
 		}
 		if (r < 0)
@@ -742,16 +778,24 @@ static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
 		if (++a->ask_tried == n) {
 			/* A sentinel that answered without a primary says more than ones that did not answer. */
 			int err = a->ask_named_none ? -EHOSTUNREACH : a->ask_last;
-			for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next)
+			for (struct op *o = a->nwaiting > 0 && !a->checking ? a->head : NULL; o != NULL;
+			     o = o->next)
 				if (o->conn == NULL && o->err == 0)
 					o->err = err;
-			a->in_round = false;
+			a->in_round = false; /* a check that failed leaves the connection alone */
 			return;
 		}
 		a->ask_i = (a->ask_i + 1) % n;
 		ask_open(a, now);
 	}
-	if (!a->in_round && a->need_primary && a->primary_host == NULL && now >= a->ask_after) {
+	struct conn *c = a->nconns > 0 ? a->conns[0] : NULL;
+	bool check = !a->need_primary && c != NULL && c->ac != NULL && c->ready && !c->dying &&
+		     a->head != NULL && now >= a->check_after;
+	if (!a->in_round && (check || (a->need_primary && a->primary_host == NULL)) &&
+	    now >= a->ask_after) {
+		a->checking = check;
+		if (check)
+			a->check_after = now + CHECK_NS;
 		a->in_round = true;
 		a->ask_tried = 0;
 		a->ask_named_none = false;
@@ -897,6 +941,7 @@ static void close_now(struct tokenbucket_redis_async *a)
 		free(a->conns[i]);
 	free(a->conns);
 	free(a->primary_host);
+	free(a->conn_host);
 	free(a->found_host);
 	free(a->prefix);
 	free(a);
