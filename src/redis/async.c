@@ -574,6 +574,22 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
 	c->dying = true;
 }
 
+/* Makes ac (just opened) c's connection, its events the loop's. */
+static void conn_attach(struct conn *c, redisAsyncContext *ac)
+{
+	c->ac = ac;
+	c->fd = ac->c.fd;
+	c->want = 0;
+	c->dying = c->unreached = c->loading = false;
+	ac->data = c;
+	ac->ev.data = c;
+	ac->ev.addRead = ev_add_read;
+	ac->ev.delRead = ev_del_read;
+	ac->ev.addWrite = ev_add_write;
+	ac->ev.delWrite = ev_del_write;
+	ac->ev.cleanup = ev_cleanup;
+}
+
 /* Opens c's connection (non-blocking), its setup queued; 0 or a negative errno. */
 static int conn_open(struct conn *c)
 {
@@ -597,17 +613,7 @@ static int conn_open(struct conn *c)
 		redisAsyncFree(ac);
 		return err;
 	}
-	c->ac = ac;
-	c->fd = ac->c.fd;
-	c->want = 0;
-	c->dying = c->unreached = c->loading = false;
-	ac->data = c;
-	ac->ev.data = c;
-	ac->ev.addRead = ev_add_read;
-	ac->ev.delRead = ev_del_read;
-	ac->ev.addWrite = ev_add_write;
-	ac->ev.delWrite = ev_del_write;
-	ac->ev.cleanup = ev_cleanup;
+	conn_attach(c, ac);
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
 	/* The replies to ROLE and SELECT come first; meanwhile calls wait. */
@@ -707,17 +713,7 @@ static void ask_open(struct tokenbucket_redis_async *a, int64_t now)
 			redisAsyncFree(ac);
 		return;
 	}
-	c->ac = ac;
-	c->fd = ac->c.fd;
-	c->want = 0;
-	c->dying = false;
-	ac->data = c;
-	ac->ev.data = c;
-	ac->ev.addRead = ev_add_read;
-	ac->ev.delRead = ev_del_read;
-	ac->ev.addWrite = ev_add_write;
-	ac->ev.delWrite = ev_del_write;
-	ac->ev.cleanup = ev_cleanup;
+	conn_attach(c, ac);
 	redisAsyncSetConnectCallback(ac, on_asker_connect);
 	const char *argv[] = { "SENTINEL", "get-master-addr-by-name", tbr__sentinel_name(a->sentinel) };
 	if (redisAsyncCommandArgv(ac, on_master, a, 3, argv, NULL) != REDIS_OK) {
