@@ -33,17 +33,17 @@
  * checks with ROLE that it reached a primary.  A connection lost or timed
  * out, or one that answers READONLY (its server was demoted: the call did
  * not run and waits for the next connection, once), is followed by a new
- * round; rounds start at most every ASK_GAP_NS.  A primary demoted by
- * SENTINEL FAILOVER may go on taking writes, as a primary, until the
- * sentinels reconfigure it, and what it takes then is lost: so while
- * calls flow, a round checks every CHECK_NS that the sentinels still name
- * the connection's server, and if they name another the connection closes
- * once the calls sent on it are answered, the next going where they say.  A round in which no
+ * round; rounds start at most every ASK_GAP_NS.  A round in which no
  * sentinel names a primary fails the calls that wait for it at once, with
  * the error the blocking client gives (-EHOSTUNREACH, or the last
  * sentinel's connection error), as does a primary named that cannot be
  * reached; a server named that is not a primary is asked about again
- * until the calls' timeout.
+ * until the calls' timeout.  A primary demoted by SENTINEL FAILOVER may
+ * go on taking writes, as a primary, until the sentinels reconfigure it,
+ * and what it takes then is lost: so while calls flow, a round checks
+ * every CHECK_NS that the sentinels still name the connection's server;
+ * when they name another, the connection closes once the calls sent on it
+ * are answered, and the next goes where they say.
  *
  * Callbacks run from tokenbucket_redis_async_ready, _timeout and _close
  * only, never from _start.  They may start calls and close the client:
@@ -74,7 +74,7 @@
 #define SUSPECT_NS INT64_C(1000000000)
 /* The least time between the starts of two rounds of questions to the sentinels. */
 #define ASK_GAP_NS INT64_C(20000000)
-/* While calls flow on a Sentinel client's connection, how often the sentinels are asked whether it still goes to the primary. */
+/* While calls flow, how often a Sentinel client checks that its server is still the primary named. */
 #define CHECK_NS INT64_C(1000000000)
 
 struct tokenbucket_redis_async;

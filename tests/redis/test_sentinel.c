@@ -475,7 +475,7 @@ START_TEST(test_async_exact)
 	redisReply *r = on(&primary, "EXISTS {f}:limited");
 	ck_assert_int_eq(r->integer, 1);
 	freeReplyObject(r);
-	/* A master name the sentinels do not watch, and no sentinel there: the blocking client's errors. */
+	/* A master name the sentinels do not watch, and no sentinel there: the blocking errors. */
 	char other[600];
 	snprintf(other, sizeof(other), "%.*sother", (int)(strlen(url) - 2), url);
 	const char *const urls[] = { other, "redis-sentinel://127.0.0.1:1/tb" };
@@ -660,8 +660,8 @@ int main(void)
 {
 	const TTest *const blocking[] = { test_urls, test_primary_found, test_failover_under_load,
 					  test_failover_command, NULL };
-	const TTest *const async[] = { test_async_exact, test_async_sentinel_down, test_async_failover_kill,
-				       test_async_failover_command, NULL };
+	const TTest *const async[] = { test_async_exact, test_async_sentinel_down,
+				       test_async_failover_kill, test_async_failover_command, NULL };
 	Suite *const suites[] = {
 		suite_of("redis-sentinel", setup, teardown, blocking),
 		suite_of("redis-sentinel-async-libevent", setup_libevent, async_teardown, async),
