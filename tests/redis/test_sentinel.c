@@ -521,6 +521,18 @@ START_TEST(test_async_exact)
 }
 END_TEST
 
+/* n calls on a, alternating the keys: every one answered (error 0), each callback once. */
+static void all_answered_on(struct tokenbucket_redis_async *a, int n)
+{
+	long from = astarted;
+	for (int i = 0; i < n; i++)
+		astart(a, i & 1);
+	arun();
+	aeach_once();
+	for (long i = from; i < astarted; i++)
+		ck_assert_int_eq(aev[i].err, 0);
+}
+
 START_TEST(test_async_sentinel_down)
 {
 	acalls_reset();
@@ -530,12 +542,7 @@ START_TEST(test_async_sentinel_down)
 	snprintf(u, sizeof(u), "redis-sentinel://127.0.0.1:1,%s", url + strlen("redis-sentinel://"));
 	ck_assert_int_eq(tokenbucket_redis_open(&o, u, SEC, TIMEOUT), 0);
 	aon = async_open(o);
-	for (int i = 0; i < 20; i++)
-		astart(aon, i & 1);
-	arun();
-	aeach_once();
-	for (long i = 0; i < astarted; i++)
-		ck_assert_int_eq(aev[i].err, 0);
+	all_answered_on(aon, 20);
 	tokenbucket_redis_async_close(aon);
 	tokenbucket_redis_close(o);
 	/*
@@ -555,13 +562,7 @@ START_TEST(test_async_sentinel_down)
 		ck_assert_msg(aev[i].err == 0 || aev[i].err == -ETIME, "%d", aev[i].err);
 		ck_assert_int_le(aev[i].end - aev[i].start, TIMEOUT + SEC * multiplier());
 	}
-	from = astarted;
-	for (int i = 0; i < 20; i++)
-		astart(aon, i & 1);
-	arun();
-	aeach_once();
-	for (long i = from; i < astarted; i++)
-		ck_assert_int_eq(aev[i].err, 0);
+	all_answered_on(aon, 20);
 	tokenbucket_redis_async_close(aon);
 	tokenbucket_redis_close(o);
 	ck_assert_int_eq(kill(sentinel[0].pid, SIGCONT), 0);
@@ -590,13 +591,7 @@ START_TEST(test_async_sentinel_down)
 	ck_assert_int_eq(kill(primary.pid, SIGCONT), 0);
 	for (long i = from; i < astarted; i++)
 		ck_assert_int_eq(aev[i].err, -ETIME);
-	from = astarted;
-	for (int i = 0; i < 20; i++)
-		astart(aon, i & 1);
-	arun();
-	aeach_once();
-	for (long i = from; i < astarted; i++)
-		ck_assert_int_eq(aev[i].err, 0);
+	all_answered_on(aon, 20);
 	tokenbucket_redis_async_close(aon);
 	tokenbucket_redis_close(o);
 	free(aev);
