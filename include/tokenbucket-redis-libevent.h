@@ -119,8 +119,8 @@ static void tbr__libevent_free(void *p)
 
 /*
  * An asynchronous client of r (see tokenbucket_redis_async_open) whose
- * descriptor and timer are events of base.  0, -EINVAL, -EOPNOTSUPP,
- * -ENOMEM as tokenbucket_redis_async_open.
+ * descriptor and timer are events of base.  0, -EINVAL, -ENOMEM as
+ * tokenbucket_redis_async_open.
  */
 static inline int tokenbucket_redis_libevent_open(struct tokenbucket_redis_async **ap,
 						  struct tokenbucket_redis *r,

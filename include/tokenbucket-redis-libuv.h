@@ -131,8 +131,8 @@ static void tbr__libuv_free(void *p)
 
 /*
  * An asynchronous client of r (see tokenbucket_redis_async_open) whose
- * descriptor and timer are handles of loop.  0, -EINVAL, -EOPNOTSUPP,
- * -ENOMEM as tokenbucket_redis_async_open.
+ * descriptor and timer are handles of loop.  0, -EINVAL, -ENOMEM as
+ * tokenbucket_redis_async_open.
  */
 static inline int tokenbucket_redis_libuv_open(struct tokenbucket_redis_async **ap,
 					       struct tokenbucket_redis *r, uv_loop_t *loop)

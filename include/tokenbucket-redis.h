@@ -123,8 +123,7 @@ TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, 
  * each call in flight has a pooled connection of its own.  Like the
  * other set_* functions, not concurrently with calls.  The I/O thread
  * does not survive fork(): in a child the calls take pooled connections.  -EINVAL: r NULL, enable not 0 or 1.
- * -EOPNOTSUPP: r is a Sentinel client.  -ENOMEM, -EAGAIN (no thread),
- * -EMFILE.
+ * -ENOMEM, -EAGAIN (no thread), -EMFILE.
  */
 TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
 
@@ -462,8 +461,9 @@ typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbuc
  * as r, with connections of its own (one per server) driven by loop
  * (copied).  r must outlive it; r's blocking calls go on working beside
  * it.  The async client belongs to the loop's thread: its functions must
- * not run concurrently with each other.  -EINVAL: a NULL argument, loop
- * without watch or timer.  -EOPNOTSUPP: r is a Sentinel client.  -ENOMEM.
+ * not run concurrently with each other.  Made from a Sentinel client, it
+ * asks the sentinels itself, without blocking, while its calls wait.
+ * -EINVAL: a NULL argument, loop without watch or timer.  -ENOMEM.
  */
 TOKENBUCKET_API int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap,
 						 struct tokenbucket_redis *r,

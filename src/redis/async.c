@@ -24,6 +24,27 @@
  * the timeout, as tbr__cluster_exchange does.  A stale map is asked for
  * again (CLUSTER SLOTS) on a ready connection.
  *
+ * A Sentinel client's one server has no fixed address: every connection
+ * it opens goes where the sentinels say the primary is now.  The engine
+ * asks them itself, without blocking: a round asks each sentinel in turn
+ * (SENTINEL get-master-addr-by-name, on a connection of its own, within
+ * the command timeout), starting with the one that answered last, while
+ * the calls wait; the address found serves one connection, whose setup
+ * checks with ROLE that it reached a primary.  A connection lost or timed
+ * out, or one that answers READONLY (its server was demoted: the call did
+ * not run and waits for the next connection, once), is followed by a new
+ * round; rounds start at most every ASK_GAP_NS.  A round in which no
+ * sentinel names a primary fails the calls that wait for it at once, with
+ * the error the blocking client gives (-EHOSTUNREACH, or the last
+ * sentinel's connection error), as does a primary named that cannot be
+ * reached; a server named that is not a primary is asked about again
+ * until the calls' timeout.  A primary demoted by SENTINEL FAILOVER may
+ * go on taking writes, as a primary, until the sentinels reconfigure it,
+ * and what it takes then is lost: so while calls flow, a round checks
+ * every CHECK_NS that the sentinels still name the connection's server;
+ * when they name another, the connection closes once the calls sent on it
+ * are answered, and the next goes where they say.
+ *
  * Callbacks run from tokenbucket_redis_async_ready, _timeout and _close
  * only, never from _start.  They may start calls and close the client:
  * `depth` counts the library's frames on the stack, and a close asked for
@@ -51,6 +72,10 @@
 #define REFRESH_GAP_NS INT64_C(10000000)
 /* A node whose connection failed this recently is not asked for the map. */
 #define SUSPECT_NS INT64_C(1000000000)
+/* The least time between the starts of two rounds of questions to the sentinels. */
+#define ASK_GAP_NS INT64_C(20000000)
+/* While calls flow, how often a Sentinel client checks that its server is still the primary named. */
+#define CHECK_NS INT64_C(1000000000)
 
 struct tokenbucket_redis_async;
 
@@ -85,6 +110,7 @@ struct op {
 	struct tbr__node *ask; /* send there once, after ASKING */
 	bool asking;        /* sent after ASKING (NOSCRIPT sends it again so) */
 	bool module;        /* sent as TOKENBUCKET.CALL */
+	bool demoted;       /* answered READONLY once (a Sentinel client) */
 	int redirects;
 	unsigned slot;
 };
@@ -109,6 +135,26 @@ struct tokenbucket_redis_async {
 	bool closing;
 	bool forgetting;         /* tbr__async_forget: ops end without their callbacks */
 	unsigned long completed; /* callbacks run: settle() sees a write's failure by it */
+	/* A Sentinel client's questions (sentinel_step), on node only. */
+	struct tbr__sentinel *sentinel; /* node's, or NULL */
+	struct conn asker;     /* to the sentinel asked now (node NULL) */
+	char *primary_host;    /* found by the last round, for the next connection (free()) */
+	int primary_port;
+	char *conn_host;       /* the address of the connection (free()), or NULL */
+	int conn_port;
+	bool checking;         /* the round checks the connection's address */
+	int64_t check_after;   /* the next check starts no sooner */
+	bool need_primary;     /* ops wait for a connection that needs an address */
+	bool in_round;         /* sentinels are being asked */
+	bool ask_got;          /* the sentinel asked now has answered or failed: ask_result */
+	int ask_result;        /* 0 (found_*), 1 (names no primary) or -errno */
+	char *found_host;
+	int found_port;
+	size_t ask_i, ask_tried;
+	bool ask_named_none;   /* a sentinel of this round names no primary */
+	int ask_last;          /* the last sentinel's connection error in this round */
+	int64_t ask_deadline;  /* the sentinel asked now answers by then */
+	int64_t ask_after;     /* the next round starts no sooner */
 };
 
 /* Binds o to connection c (NULL: waiting again), keeping the count of waiting ops. */
@@ -169,6 +215,10 @@ static void arm(struct tokenbucket_redis_async *a)
 		if (o->conn == NULL && o->pause_until != 0 && o->pause_until < at)
 			at = o->pause_until;
 	}
+	if (a->in_round && a->ask_deadline < at)
+		at = a->ask_deadline;
+	else if (!a->in_round && a->need_primary && a->ask_after < at)
+		at = a->ask_after;
 	int64_t ns = -1;
 	if (at != INT64_MAX) {
 		int64_t now = tokenbucket_now();
@@ -365,6 +415,20 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 	}
 	if (redirected(o, c, reply))
 		return;
+	if (err == -EROFS && o->a->sentinel != NULL && !o->demoted) {
+		/*
+		 * The primary was demoted (a failover): the call did not run.  It
+		 * waits for the next connection, made where the sentinels say;
+		 * this one closes once the calls sent on it are answered.
+		 */
+		o->demoted = true;
+		again(o, -EROFS, false);
+		if (!c->dying) {
+			c->dying = true;
+			redisAsyncDisconnect(ac);
+		}
+		return;
+	}
 	bool filled = err == 0 || err == -ETIMEDOUT || err == -E2BIG || err == -EOVERFLOW;
 	complete(o, err, filled ? &res : NULL, filled ? &rv : NULL, tokens);
 }
@@ -436,6 +500,37 @@ static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 	c->ready = true;
 }
 
+/*
+ * ROLE, on a Sentinel client's connection: the server named may have been
+ * demoted since.  A replica's connection closes, and the calls waiting
+ * for it wait for the sentinels' next answer (-EROFS when none comes in
+ * time); an error answer fails them as SELECT's does.
+ */
+static void on_role(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	if (reply == NULL)
+		return;
+	const redisReply *rep = reply;
+	if (rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
+	    rep->element[0]->type == REDIS_REPLY_STRING && strcmp(rep->element[0]->str, "master") == 0) {
+		c->ready = c->node->db == 0; /* or when SELECT answers */
+		return;
+	}
+	bool error = rep->type == REDIS_REPLY_ERROR;
+	int err = error ? tbr__error(rep->str, rep->len) : -EROFS;
+	for (struct op *o = c->a->head; o != NULL; o = o->next) {
+		if (o->conn != NULL || o->err != 0)
+			continue;
+		if (error)
+			o->err = err;
+		else
+			o->last_err = err;
+	}
+	c->dying = true;
+	redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
+}
+
 /* Where o goes now: an ASK target, its slot's primary, or the one server. */
 static struct tbr__node *target(struct tokenbucket_redis_async *a, const struct op *o)
 {
@@ -479,19 +574,9 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
 	c->dying = true;
 }
 
-/* Opens c's connection (non-blocking), its setup queued; 0 or a negative errno. */
-static int conn_open(struct conn *c)
+/* Makes ac (just opened) c's connection, its events the loop's. */
+static void conn_attach(struct conn *c, redisAsyncContext *ac)
 {
-	const struct tbr__node *n = c->node;
-	redisAsyncContext *ac = n->path != NULL ? redisAsyncConnectUnix(n->path)
-						: redisAsyncConnect(n->host, n->port);
-	if (ac == NULL)
-		return -ENOMEM;
-	if (ac->err) {
-		int err = conn_error(ac);
-		redisAsyncFree(ac);
-		return err;
-	}
 	c->ac = ac;
 	c->fd = ac->c.fd;
 	c->want = 0;
@@ -503,12 +588,39 @@ static int conn_open(struct conn *c)
 	ac->ev.addWrite = ev_add_write;
 	ac->ev.delWrite = ev_del_write;
 	ac->ev.cleanup = ev_cleanup;
+}
+
+/* Opens c's connection (non-blocking), its setup queued; 0 or a negative errno. */
+static int conn_open(struct conn *c)
+{
+	const struct tbr__node *n = c->node;
+	struct tokenbucket_redis_async *a = c->a;
+	redisAsyncContext *ac = n->path != NULL ? redisAsyncConnectUnix(n->path)
+				: a->sentinel != NULL ? redisAsyncConnect(a->primary_host, a->primary_port)
+						      : redisAsyncConnect(n->host, n->port);
+	if (a->sentinel != NULL) {
+		/* An address serves one connection: the next one asks again. */
+		free(a->conn_host);
+		a->conn_host = a->primary_host;
+		a->conn_port = a->primary_port;
+		a->primary_host = NULL;
+		a->check_after = tokenbucket_now() + CHECK_NS;
+	}
+	if (ac == NULL)
+		return -ENOMEM;
+	if (ac->err) {
+		int err = conn_error(ac);
+		redisAsyncFree(ac);
+		return err;
+	}
+	conn_attach(c, ac);
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
-	/* The reply to SELECT comes first; meanwhile calls wait. */
-	c->ready = n->db == 0;
+	/* The replies to ROLE and SELECT come first; meanwhile calls wait. */
+	c->ready = n->db == 0 && a->sentinel == NULL;
 	c->module = false;
 	if (redisAsyncCommandArgv(ac, on_probe, c, 1, (const char **)tbr__module_probe, NULL) != REDIS_OK ||
+	    (a->sentinel != NULL && redisAsyncCommand(ac, on_role, c, "ROLE") != REDIS_OK) ||
 	    (n->db != 0 && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK))
 		return -ENOMEM; /* ac stays: dropped with the ops' timeout */
 	/* Nothing is written before a command: watch for the connection to complete. */
@@ -559,6 +671,139 @@ static void refresh(struct tokenbucket_redis_async *a, int64_t now)
 	}
 }
 
+/* ---- Asking the sentinels ------------------------------------------------- */
+
+static void on_master(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct tokenbucket_redis_async *a = privdata;
+	if (a->ask_got)
+		return; /* timed out, or closing */
+	a->ask_got = true;
+	if (reply == NULL) {
+		a->ask_result = conn_error(ac);
+		return;
+	}
+	a->ask_result = tbr__sentinel_reply(reply, &a->found_host, &a->found_port);
+	redisAsyncDisconnect(ac); /* done when this callback returns */
+}
+
+static void on_asker_connect(const redisAsyncContext *ac, int status)
+{
+	struct tokenbucket_redis_async *a = ((struct conn *)ac->data)->a;
+	if (status != REDIS_OK && !a->ask_got) {
+		a->ask_got = true;
+		a->ask_result = conn_error(ac);
+	}
+}
+
+/* Asks sentinel a->ask_i (non-blocking); a failure to start sets ask_result at once. */
+static void ask_open(struct tokenbucket_redis_async *a, int64_t now)
+{
+	struct conn *c = &a->asker;
+	const char *host;
+	int port;
+	tbr__sentinel_addr(a->sentinel, a->ask_i, &host, &port);
+	a->ask_got = false;
+	a->ask_deadline = now + a->timeout_ns;
+	redisAsyncContext *ac = redisAsyncConnect(host, port);
+	if (ac == NULL || ac->err) {
+		a->ask_got = true;
+		a->ask_result = ac == NULL ? -ENOMEM : conn_error(ac);
+		if (ac != NULL)
+			redisAsyncFree(ac);
+		return;
+	}
+	conn_attach(c, ac);
+	redisAsyncSetConnectCallback(ac, on_asker_connect);
+	const char *argv[] = { "SENTINEL", "get-master-addr-by-name", tbr__sentinel_name(a->sentinel) };
+	if (redisAsyncCommandArgv(ac, on_master, a, 3, argv, NULL) != REDIS_OK) {
+		a->ask_got = true;
+		a->ask_result = -ENOMEM;
+		conn_drop(c, -ENOMEM);
+		return;
+	}
+	want(c, TOKENBUCKET_REDIS_WRITE, 0);
+}
+
+/*
+ * A check's answer (found_host): when the sentinels name another server
+ * than the connection's, the connection closes once the calls sent on it
+ * are answered, and the next one asks again.
+ */
+static void check_done(struct tokenbucket_redis_async *a)
+{
+	struct conn *c = a->nconns > 0 ? a->conns[0] : NULL;
+	bool moved = a->conn_host == NULL || a->found_port != a->conn_port ||
+		     strcmp(a->found_host, a->conn_host) != 0;
+	free(a->found_host);
+	a->found_host = NULL;
+	if (moved && c != NULL && c->ac != NULL && !c->dying) {
+		c->dying = true;
+		redisAsyncDisconnect(c->ac); /* may free it now, when nothing is in flight */
+	}
+}
+
+/*
+ * Moves a round of questions on: takes the answer of the sentinel asked
+ * (once its connection is gone), asks the next, ends the round with an
+ * address or with the error of every op waiting; and starts a round when
+ * ops wait for an address and the gap since the last has passed.
+ */
+static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
+{
+	size_t n = tbr__sentinel_count(a->sentinel);
+	while (a->in_round && a->ask_got && a->asker.ac == NULL) {
+		int r = a->ask_result;
+		if (r == 0) {
+			tbr__sentinel_answered(a->sentinel, a->ask_i);
+			a->in_round = false;
+			if (a->checking && !a->need_primary) {
+				check_done(a);
+				return;
+			}
+			free(a->primary_host);
+			a->primary_host = a->found_host;
+			a->primary_port = a->found_port;
+			a->found_host = NULL;
+			return;
+		}
+		if (r < 0)
+			a->ask_last = r;
+		else
+			a->ask_named_none = true;
+		if (++a->ask_tried == n) {
+			/* A sentinel that answered without a primary says more than ones that did not answer. */
+			int err = a->ask_named_none ? -EHOSTUNREACH : a->ask_last;
+			for (struct op *o = a->nwaiting > 0 && !a->checking ? a->head : NULL; o != NULL;
+			     o = o->next)
+				if (o->conn == NULL && o->err == 0)
+					o->err = err;
+			a->in_round = false; /* a check that failed leaves the connection alone */
+			return;
+		}
+		a->ask_i = (a->ask_i + 1) % n;
+		ask_open(a, now);
+	}
+	struct conn *c = a->nconns > 0 ? a->conns[0] : NULL;
+	bool check = !a->need_primary && c != NULL && c->ac != NULL && c->ready && !c->dying &&
+		     a->head != NULL && now >= a->check_after;
+	if (!a->in_round && (check || (a->need_primary && a->primary_host == NULL)) &&
+	    now >= a->ask_after) {
+		a->checking = check;
+		if (check)
+			a->check_after = now + CHECK_NS;
+		a->in_round = true;
+		a->ask_tried = 0;
+		a->ask_named_none = false;
+		a->ask_last = -EHOSTUNREACH;
+		a->ask_i = tbr__sentinel_first(a->sentinel);
+		a->ask_after = now + ASK_GAP_NS;
+		ask_open(a, now);
+		if (a->ask_got)
+			sentinel_step(a, now); /* that one could not even be asked */
+	}
+}
+
 /*
  * Sends every op that waits and may go: to its node's connection, opened
  * if needed.  One that cannot be (no memory, a connection refused on a
@@ -567,12 +812,19 @@ static void refresh(struct tokenbucket_redis_async *a, int64_t now)
 static void send_waiting(struct tokenbucket_redis_async *a)
 {
 	int64_t now = tokenbucket_now();
+	bool need = false;
+	if (a->sentinel != NULL)
+		sentinel_step(a, now);
 	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
 		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
 			continue;
 		struct conn *c = conn_of(a, target(a, o));
 		if (c == NULL) {
 			o->err = -ENOMEM;
+			continue;
+		}
+		if (c->ac == NULL && a->sentinel != NULL && a->primary_host == NULL) {
+			need = true; /* waits for the sentinels' answer */
 			continue;
 		}
 		if (c->ac == NULL) {
@@ -597,6 +849,13 @@ static void send_waiting(struct tokenbucket_redis_async *a)
 		o->asking = o->ask != NULL;
 		o->ask = NULL;
 		send_op(o, c);
+	}
+	if (a->sentinel != NULL) {
+		/* An address nobody took may be stale by the next connection. */
+		free(a->primary_host);
+		a->primary_host = NULL;
+		a->need_primary = need;
+		sentinel_step(a, now);
 	}
 	refresh(a, now);
 }
@@ -633,9 +892,6 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 {
 	if (ap == NULL || cfg == NULL || loop == NULL || loop->watch == NULL || loop->timer == NULL)
 		return -EINVAL;
-	/* Asking the sentinels would block: not yet. */
-	if (cfg->node != NULL && cfg->node->sentinel != NULL)
-		return -EOPNOTSUPP;
 	struct tokenbucket_redis_async *a = calloc(1, sizeof(*a));
 	if (a == NULL)
 		return -ENOMEM;
@@ -656,6 +912,9 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 	a->module = cfg->module;
 	a->timer_ns = -1;
 	a->refreshed_at = INT64_MIN / 2;
+	a->sentinel = cfg->cluster == NULL ? cfg->node->sentinel : NULL;
+	a->asker.a = a;
+	a->asker.fd = -1;
 	*ap = a;
 	return 0;
 }
@@ -665,6 +924,8 @@ static void close_now(struct tokenbucket_redis_async *a)
 	a->depth++;
 	for (size_t i = 0; i < a->nconns; i++)
 		conn_drop(a->conns[i], -ECANCELED);
+	a->ask_got = true; /* on_master ignores the drop */
+	conn_drop(&a->asker, -ECANCELED);
 	while (a->head != NULL)
 		complete(a->head, -ECANCELED, NULL, NULL, 0);
 	a->depth--;
@@ -675,6 +936,9 @@ static void close_now(struct tokenbucket_redis_async *a)
 	for (size_t i = 0; i < a->nconns; i++)
 		free(a->conns[i]);
 	free(a->conns);
+	free(a->primary_host);
+	free(a->conn_host);
+	free(a->found_host);
 	free(a->prefix);
 	free(a);
 }
@@ -763,6 +1027,8 @@ void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, un
 	for (size_t i = 0; i < a->nconns && c == NULL; i++)
 		if (a->conns[i]->ac != NULL && a->conns[i]->fd == fd)
 			c = a->conns[i];
+	if (c == NULL && a->asker.ac != NULL && a->asker.fd == fd)
+		c = &a->asker;
 	if (c == NULL)
 		return;
 	struct tbr__sigpipe sp;
@@ -786,6 +1052,12 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 	a->depth++;
 	a->timer_ns = -1;
 	int64_t now = tokenbucket_now();
+	if (a->in_round && !a->ask_got && a->asker.ac != NULL && now >= a->ask_deadline) {
+		/* The sentinel asked did not answer in time: the next one is asked. */
+		a->ask_got = true;
+		a->ask_result = -ETIME;
+		conn_drop(&a->asker, -ETIME);
+	}
 	/* No reply in time: the connection goes, with every op on it. */
 	while (a->head != NULL && a->head->deadline <= now) {
 		struct op *o = a->head;

@@ -113,6 +113,45 @@ static struct timeval tv_of(int64_t ns)
 	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
 }
 
+int tbr__sentinel_reply(const redisReply *rep, char **host, int *port)
+{
+	/* [host, port], or nil for a name it does not monitor. */
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
+	    rep->element[0]->type != REDIS_REPLY_STRING ||
+	    rep->element[1]->type != REDIS_REPLY_STRING || rep->element[0]->len == 0 ||
+	    rep->element[0]->len >= 256 ||
+	    parse_port(rep->element[1]->str, rep->element[1]->str + rep->element[1]->len, port) != 0)
+		return 1;
+	*host = strndup(rep->element[0]->str, rep->element[0]->len);
+	return *host == NULL ? -ENOMEM : 0;
+}
+
+const char *tbr__sentinel_name(const struct tbr__sentinel *s)
+{
+	return s->name;
+}
+
+size_t tbr__sentinel_count(const struct tbr__sentinel *s)
+{
+	return s->n;
+}
+
+void tbr__sentinel_addr(const struct tbr__sentinel *s, size_t i, const char **host, int *port)
+{
+	*host = s->host[i];
+	*port = s->port[i];
+}
+
+size_t tbr__sentinel_first(const struct tbr__sentinel *s)
+{
+	return atomic_load_explicit(&s->first, memory_order_relaxed) % s->n;
+}
+
+void tbr__sentinel_answered(struct tbr__sentinel *s, size_t i)
+{
+	atomic_store_explicit(&s->first, (unsigned)i, memory_order_relaxed);
+}
+
 /* One sentinel's answer: 0 with *host and *port, 1 when it knows no such master, or -errno. */
 static int ask(const char *shost, int sport, const char *name, struct timeval connect_tv,
 	       int64_t timeout_ns, char **host, int *port)
@@ -134,19 +173,8 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 			err = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
 											       : -ECONNRESET;
 	}
-	if (err == 0) {
-		/* [host, port], or nil for a name it does not monitor. */
-		if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 2 &&
-		    rep->element[0]->type == REDIS_REPLY_STRING &&
-		    rep->element[1]->type == REDIS_REPLY_STRING && rep->element[0]->len > 0 &&
-		    rep->element[0]->len < 256 &&
-		    parse_port(rep->element[1]->str, rep->element[1]->str + rep->element[1]->len, port) == 0) {
-			*host = strndup(rep->element[0]->str, rep->element[0]->len);
-			err = *host == NULL ? -ENOMEM : 0;
-		} else {
-			err = 1;
-		}
-	}
+	if (err == 0)
+		err = tbr__sentinel_reply(rep, host, port);
 	if (rep != NULL)
 		freeReplyObject(rep);
 	redisFree(c);
@@ -156,14 +184,14 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 int tbr__sentinel_primary(struct tbr__sentinel *s, struct timeval connect_tv, int64_t timeout_ns,
 			  char **host, int *port)
 {
-	unsigned first = atomic_load_explicit(&s->first, memory_order_relaxed);
+	size_t first = tbr__sentinel_first(s);
 	int last = -EHOSTUNREACH;
 	bool answered = false;
 	for (size_t k = 0; k < s->n; k++) {
 		size_t i = (first + k) % s->n;
 		int r = ask(s->host[i], s->port[i], s->name, connect_tv, timeout_ns, host, port);
 		if (r == 0) {
-			atomic_store_explicit(&s->first, (unsigned)i, memory_order_relaxed);
+			tbr__sentinel_answered(s, i);
 			return 0;
 		}
 		if (r < 0)

@@ -2,7 +2,9 @@
 /*
  * Redis Sentinel (sentinel.c): the sentinels of a URL and the primary
  * they name.  Below the pool (pool.c), which asks it for the primary's
- * address each time it opens a connection.  Not exported.
+ * address each time it opens a connection, and below the asynchronous
+ * engine (async.c), which asks the same question on non-blocking
+ * connections of its own with the parts below.  Not exported.
  */
 #ifndef TOKENBUCKET_REDIS_SENTINEL_H
 #define TOKENBUCKET_REDIS_SENTINEL_H
@@ -28,5 +30,19 @@ void tbr__sentinel_free(struct tbr__sentinel *s);
  */
 int tbr__sentinel_primary(struct tbr__sentinel *s, struct timeval connect_tv, int64_t timeout_ns,
 			  char **host, int *port);
+
+/*
+ * The parts of the question for a client that asks without blocking: the
+ * master name, the sentinels (i < count), the one to ask first (the last
+ * that answered; safe from any thread, as is noting which answered), and
+ * a reply to SENTINEL get-master-addr-by-name: 0 with *host (free()) and
+ * *port, 1 when it names no primary, or -ENOMEM.
+ */
+const char *tbr__sentinel_name(const struct tbr__sentinel *s);
+size_t tbr__sentinel_count(const struct tbr__sentinel *s);
+void tbr__sentinel_addr(const struct tbr__sentinel *s, size_t i, const char **host, int *port);
+size_t tbr__sentinel_first(const struct tbr__sentinel *s);
+void tbr__sentinel_answered(struct tbr__sentinel *s, size_t i);
+int tbr__sentinel_reply(const redisReply *rep, char **host, int *port);
 
 #endif

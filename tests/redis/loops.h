@@ -1,0 +1,25 @@
+/* SPDX-License-Identifier: MIT */
+/* The asynchronous suites' two event loops (libevent, libuv) behind one face. */
+#ifndef LOOPS_H
+#define LOOPS_H
+
+#include <stdint.h>
+
+#include <tokenbucket-redis.h>
+
+enum loop_kind { LIBEVENT, LIBUV };
+
+/* The loop of the running test: set by each suite's setup before loop_init. */
+extern enum loop_kind kind;
+
+void loop_init(void);
+/* An asynchronous client of r on the loop (asserted to open). */
+struct tokenbucket_redis_async *async_open(struct tokenbucket_redis *r);
+/* One turn of the loop: waits for at least one event. */
+void loop_once(void);
+/* Frees the loop; its clients are closed first. */
+void loop_fini(void);
+/* Sanitizers and valgrind slow this process (not the servers) by up to this. */
+int64_t multiplier(void);
+
+#endif
