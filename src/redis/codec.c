@@ -53,7 +53,7 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bo
 		put(a, 0, "EVALSHA", 7);
 		put(a, 1, tbr__script_sha1, 40);
 	}
-	a->argc = TBR__ARGC - a->first;
+	a->argc = TBR__ARGC - 1 - a->first;
 	if (!module)
 		put(a, 2, "1", 1);
 	put(a, 3, call->keylen > 0 ? call->key : "", call->keylen);
@@ -69,6 +69,11 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bo
 	put_num(a, 9, 4, false, call->n);
 	bool has_arg = call->op == TOKENBUCKET_REDIS_RESERVE || call->op == TOKENBUCKET_REDIS_CANCEL;
 	put_num(a, 10, 5, true, has_arg ? (uint64_t)call->arg : 0);
+	/* An allow needs no decimal times: the script may reply in integers. */
+	if (!module && call->op == TOKENBUCKET_REDIS_ALLOW) {
+		put(a, 11, "1", 1);
+		a->argc++;
+	}
 	return 0;
 }
 
@@ -143,6 +148,35 @@ static bool read_int(const redisReply *e, int64_t lo, int64_t *out)
 }
 
 /*
+ * The compact reply to an allow: { code, level, wait, full } in integers,
+ * the waits in ns from the bucket's time (-1: never), as the script gives
+ * it when its common case decides.
+ */
+static int decode_compact(const struct tokenbucket_redis_call *call, const redisReply *rep,
+			  struct tokenbucket_result *res)
+{
+	for (size_t i = 0; i < 4; i++)
+		if (rep->element[i]->type != REDIS_REPLY_INTEGER)
+			return -EPROTO;
+	long long code = rep->element[0]->integer, level = rep->element[1]->integer;
+	long long wait = rep->element[2]->integer, full = rep->element[3]->integer;
+	if (call->op != TOKENBUCKET_REDIS_ALLOW || code < 0 || code > 1 ||
+	    level < -(long long)TOKENBUCKET_DEBT_MAX || level > (long long)call->limit.burst ||
+	    wait < -1 || full < -1)
+		return -EPROTO;
+	if (res != NULL) {
+		*res = (struct tokenbucket_result){
+			.allowed = code == 1,
+			.limit = call->limit.burst,
+			.remaining = level > 0 ? (uint64_t)level : 0,
+			.retry_after_ns = wait < 0 ? TOKENBUCKET_NEVER : wait,
+			.reset_after_ns = full < 0 ? TOKENBUCKET_NEVER : full,
+		};
+	}
+	return 0;
+}
+
+/*
  * t - now, at least 0; TOKENBUCKET_NEVER for a time that never comes, and
  * for a span that no int64_t holds (explicit times far apart).
  */
@@ -162,6 +196,8 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 		return -EPROTO;
 	if (rep->type == REDIS_REPLY_ERROR)
 		return tbr__error(rep->str, rep->len);
+	if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 4)
+		return decode_compact(call, rep, res);
 	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 7 ||
 	    rep->element[0]->type != REDIS_REPLY_INTEGER)
 		return -EPROTO;
@@ -217,7 +253,7 @@ int tokenbucket_redis_format(const struct tokenbucket_redis_call *call, char **c
 	if (err != 0)
 		return err;
 	char *out = NULL;
-	int n = redisFormatCommandArgv(&out, TBR__ARGC, a.argv, a.len);
+	int n = redisFormatCommandArgv(&out, a.argc, a.argv, a.len);
 	if (n < 0 || out == NULL)
 		return -ENOMEM;
 	/* hiredis allocates with malloc; give the caller a buffer free() takes. */

@@ -20,12 +20,13 @@ extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
 
 /*
- * EVALSHA|EVAL sha|text 1 key op now tokens period burst n arg, or for the
- * native module (tokenbucket-redis-module(7)) from argv[2] on:
- * TOKENBUCKET.CALL key op now tokens period burst n arg, with the same
+ * EVALSHA|EVAL sha|text 1 key op now tokens period burst n arg, and for an
+ * allow a last word "1" asking for the compact reply (4 integers), or for
+ * the native module (tokenbucket-redis-module(7)) from argv[2] on:
+ * TOKENBUCKET.CALL key op now tokens period burst n arg, with the 7-element
  * reply.  The command is argc words from argv + first.
  */
-#define TBR__ARGC 11
+#define TBR__ARGC 12
 struct tbr__args {
 	const char *argv[TBR__ARGC];
 	size_t len[TBR__ARGC];

@@ -14,12 +14,17 @@
 -- ARGV[7]  allow, refund, tokens, reset: ignored; reserve: max_wait ns (int64,
 --          9223372036854775807 = no limit); cancel: the reservation's
 --          time_to_act
+-- ARGV[8]  optional (1.2): "1" lets an allow reply compactly (below), "0"
+--          or no ARGV[8] asks for the reply below
 --
 -- Reply: { code, now, level, rem, q, act, full } with code an integer
 -- (1 granted or given back, 0 refused, 2 n > burst, 3 debt too large) and the rest decimal
 -- strings: the time the bucket has seen, its whole tokens (negative in debt),
 -- the fraction of the next token rem/q, the time n tokens are (or were)
 -- there, and the time it is full again (9223372036854775807: never).
+-- With ARGV[8] "1", an allow the common case decides replies instead
+-- { code, level, wait, full } in integers: wait and full in ns from now
+-- (-1: never); any other call replies as above, told apart by length.
 --
 -- Lua numbers are doubles, exact to 2^53 only, so every integer that can be
 -- larger lives in an array of base-2^24 limbs, least significant first, with
@@ -36,9 +41,17 @@ local BIL = 1000000000
 
 -- ---- The call -------------------------------------------------------------------
 
-local key, op = KEYS[1], ARGV[1]
-if #KEYS ~= 1 or #ARGV ~= 7 then
+local key, op, nargs = KEYS[1], ARGV[1], #ARGV
+if #KEYS ~= 1 or (nargs ~= 7 and nargs ~= 8) then
 	return redis.error_reply("ERR tokenbucket: bad argument count")
+end
+local compact = false
+if nargs == 8 then
+	compact = ARGV[8]
+	if compact ~= "1" and compact ~= "0" then
+		return redis.error_reply("ERR tokenbucket: bad reply form")
+	end
+	compact = compact == "1" and op == "allow"
 end
 if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "refund" and op ~= "tokens"
 	and op ~= "reset" then
@@ -59,8 +72,11 @@ local stored = redis.call("GET", key)
 -- is its number), lengths bound what a pattern cannot, and numbers below
 -- 10^14 become strings by concatenation, which is exact there.  The two
 -- waits are written out rather than made a function: a closure allocates
--- its upvalues on every call.  Decimals are formatted with %d while any C
--- long holds the value, %.0f beyond.
+-- its upvalues on every call.  No time is formatted: the bucket's time is
+-- the text it came as (the stored clock, the caller's now, or TIME's two
+-- halves with the microseconds padded), and a reply's other times only
+-- when the caller asked for decimal times.  Nothing is made into a string
+-- that is neither written nor replied.
 
 local common = op == "allow" or op == "reserve"
 if common then
@@ -82,8 +98,9 @@ if common then
 		if tm then
 			th, tl = tm[1] + 0, tm[2] * 1000
 		else
-			-- 19 digits (from 2001 on), so that the pattern never backtracks.
-			local h, l = match(ARGV[2], "^(%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
+			-- 19 digits, the first not 0 (from 2001 on), so that the pattern
+			-- never backtracks and the text is the time's decimal.
+			local h, l = match(ARGV[2], "^([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
 			if not h then
 				break
 			end
@@ -92,18 +109,21 @@ if common then
 		if th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
 			break
 		end
-		-- The bucket: clock (h0, l0), level lv (negative in debt), fraction rem/q.
-		local h0, l0, lv, rem
+		-- The bucket: clock (h0, l0), in decimal sh .. sl, level lv (negative
+		-- in debt), fraction rem/q.
+		local h0, l0, lv, rem, sh, sl
 		if stored then
 			-- A clock of 19 digits, again so that the pattern never backtracks
-			-- (a variable-length head costs more than the rest of the match).
-			local c, d, l, r, sc = match(stored,
-				"^tb1 (%d%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (.*)$")
-			if not c or sc ~= cfg or #l > 16 or #r > 15 then
+			-- (a variable-length head costs more than the rest of the match),
+			-- and with no leading 0, so that sh .. sl is its decimal.
+			local l, r, sc
+			sh, sl, l, r, sc = match(stored,
+				"^tb1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (.*)$")
+			if not sh or sc ~= cfg or #l > 16 or #r > 15 then
 				break
 			end
 			-- "-0" + 0 is -0, and -0 + 0 is 0: a level written "-0" reads as 0.
-			h0, l0, lv, rem = c + 0, d + 0, l + 0, r + 0
+			h0, l0, lv, rem = sh + 0, sl + 0, l + 0, r + 0
 			-- A clock before 1 s or at INT64_MAX, a fraction of a token or
 			-- more, more than burst, debt beyond 10^15: not a bucket this
 			-- path may write over.
@@ -115,9 +135,10 @@ if common then
 			-- A new bucket is full and sees its first time now.
 			h0, l0, lv, rem = th, tl, sb, 0
 		end
-		-- t = max(now, clock), as (th, tl)
+		-- t = max(now, clock), as (th, tl), and ts its decimal when it is the clock
+		local ts
 		if th < h0 or (th == h0 and tl < l0) then
-			th, tl = h0, l0
+			th, tl, ts = h0, l0, sh .. sl
 		end
 		local dh = th - h0
 		if dh >= 9007198 then
@@ -134,11 +155,10 @@ if common then
 				lv = sb
 			end
 		end
-		local ts = th < 2147483648 and format("%d%09d", th, tl) or format("%.0f%09.0f", th, tl)
-		-- When n tokens are there: w ns from t (false: never), acts in decimal.
+		-- When n tokens are there: w ns from t (false: never), h, lo as a time.
 		-- The least w with w p >= d q - rem; fmod is exact, and so then is
 		-- the division of what it leaves.
-		local w, acts = 0, ts
+		local w, ah, al = 0, th, tl
 		local d = n - lv
 		if d > 0 then
 			local x = d * q - rem
@@ -156,10 +176,9 @@ if common then
 				h, lo = h + 1, lo - BIL
 			end
 			if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
-				w, acts = false, NEVER
-			else
-				acts = h < 2147483648 and format("%d%09d", h, lo) or format("%.0f%09.0f", h, lo)
+				w = false
 			end
+			ah, al = h, lo
 		end
 		local code = 1
 		if op == "allow" then
@@ -182,9 +201,9 @@ if common then
 		if code == 1 then
 			lv = lv - n
 		end
-		-- When the bucket is full again, fulls in decimal; ms: the key's
-		-- expiry, a second after that (false: none, as it never fills).
-		local fulls, ms = ts, 1000
+		-- When the bucket is full again: wf ns from t (false: never), fh, fl
+		-- as a time; ms: the key's expiry, a second after that.
+		local wf, fh, fl, ms = 0, th, tl, 1000
 		d = sb - lv
 		if d > 0 then
 			local x = d * q - rem
@@ -192,29 +211,43 @@ if common then
 				break
 			end
 			local m = fmod(x, p)
-			local wf = (x - m) / p
+			wf = (x - m) / p
 			if m > 0 then
 				wf = wf + 1
 			end
 			local wr = fmod(wf, BIL)
-			local h, lo = th + (wf - wr) / BIL, tl + wr
-			if lo >= BIL then
-				h, lo = h + 1, lo - BIL
+			fh, fl = th + (wf - wr) / BIL, tl + wr
+			if fl >= BIL then
+				fh, fl = fh + 1, fl - BIL
 			end
-			if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
-				fulls, ms = NEVER, false
+			if fh > 9223372036 or (fh == 9223372036 and fl >= 854775807) then
+				wf, ms = false, false
 			else
-				fulls = h < 2147483648 and format("%d%09d", h, lo) or format("%.0f%09.0f", h, lo)
 				-- ns up, to ms, a second more (below 2^53 / 10^6: %.14g is exact)
 				ms = (wf + 999999) / 1000000
 				ms = ms - ms % 1 + 1000
 			end
 		end
+		-- Refused for want of tokens on the server's clock: nothing to write
+		-- (see the general path's end), and in integers nothing to format.
+		local write = code == 1 or not tm
+		if compact and not write then
+			return { code, lv, w or -1, wf or -1 }
+		end
+		if not ts then
+			if tm then
+				-- TIME's microseconds, without leading zeros, to 9 digits.
+				local us = tm[2]
+				local k = #us
+				ts = tm[1] .. (k == 6 and "" or k == 5 and "0" or k == 4 and "00" or k == 3 and "000"
+					or k == 2 and "0000" or "00000") .. us .. "000"
+			else
+				ts = ARGV[2]
+			end
+		end
 		local ls = lv == 0 and "0" or (lv < 1e14 and lv > -1e14) and lv .. "" or format("%.0f", lv)
 		local rs = rem == 0 and "0" or rem < 1e14 and rem .. "" or format("%.0f", rem)
-		-- Refused for want of tokens on the server's clock: nothing to write
-		-- (see the general path's end).
-		if code == 1 or not tm then
+		if write then
 			local value = "tb1 " .. ts .. " " .. ls .. " " .. rs .. " " .. cfg
 			-- Expiry measures the server's clock: a call at the caller's
 			-- time writes a key that stays (tokenbucket-redis(7), "Memory").
@@ -223,6 +256,20 @@ if common then
 			else
 				redis.call("SET", key, value)
 			end
+		end
+		if compact then
+			return { code, lv, w or -1, wf or -1 }
+		end
+		-- Times as they are written (%d while a C long holds them), the
+		-- bucket's own from its text.
+		local acts, fulls = NEVER, NEVER
+		if w then
+			acts = w == 0 and ts or ah < 2147483648 and format("%d%09d", ah, al)
+				or format("%.0f%09.0f", ah, al)
+		end
+		if wf then
+			fulls = wf == 0 and ts or fh < 2147483648 and format("%d%09d", fh, fl)
+				or format("%.0f%09.0f", fh, fl)
 		end
 		return { code, ts, ls, rs, b, acts, fulls }
 	until true

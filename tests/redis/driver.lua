@@ -6,12 +6,16 @@
 -- and TIME on a table, and checks each step against what the local library
 -- answered (tokenbucket-redis-diffgen writes the steps).  A line is
 --   key op now tokens period burst n arg | code act tokens
--- (now "server" asks for the server's clock)
+-- (now "server" asks for the server's clock, which reads 1700000000 s;
+-- "server@S.U" for one that reads S s and U us, as TIME replies)
 -- code is the reply's code (E: an error reply), act the reservation's
 -- time_to_act, both exact; tokens is tokens_at's value, checked to 1e-9
 -- relative ("-": not checked).  With --general every step also runs on the
 -- script with its common case turned off, on a store of its own, and must
--- give the same reply, the same stored value and the same expiry.  A step
+-- give the same reply, the same stored value and the same expiry, and
+-- every allow also runs asking for the compact reply (ARGV[8] "1"), on a
+-- store of its own, and must leave the same value and expiry and reply
+-- either the same or the same in integers.  A step
 -- at the caller's time must leave the key without an expiry.  Exits 1 at
 -- the first difference.
 local script = assert(loadfile(arg[1]))
@@ -32,7 +36,8 @@ elseif arg[2] then
 	io.stderr:write("usage: lua5.1 driver.lua SCRIPT [--general] < steps\n")
 	os.exit(2)
 end
-local stores, store = { {}, {} }, nil
+local stores, store = { {}, {}, {} }, nil
+local clock = { "1700000000", "0" }
 local sets, concats, concat = 0, 0, table.concat
 table.concat = function(...)
 	concats = concats + 1
@@ -51,7 +56,7 @@ redis = {
 			store[k] = { value = v, px = px and (px .. " " .. ms) or "" }
 			return { ok = "OK" }
 		elseif cmd == "TIME" then
-			return { "1700000000", "0" }
+			return { clock[1], clock[2] }
 		end
 		error("unexpected command " .. tostring(cmd))
 	end,
@@ -65,7 +70,29 @@ local function summary(r, k)
 	return got .. " | " .. (st and (st.value .. " " .. st.px) or "nil")
 end
 
-local steps, keys, common = 0, {}, 0
+local NEVER = "9223372036854775807"
+-- a - b in ns for two decimal times from 10^9 on, a >= b (below 2^53 apart).
+local function span(a, b)
+	local function split(s)
+		return tonumber(string.sub(s, 1, -10)), tonumber(string.sub(s, -9))
+	end
+	local ah, al = split(a)
+	local bh, bl = split(b)
+	return (ah - bh) * 1e9 + (al - bl)
+end
+
+-- Whether a compact reply c says what the full reply f says.
+local function same_compact(c, f)
+	if c.err or f.err or #c ~= 4 then
+		return c.err == f.err and concat(c, " ", 1, #c) == concat(f, " ", 1, #f)
+	end
+	local function wait(t)
+		return t == NEVER and -1 or span(t, f[2])
+	end
+	return c[1] == f[1] and c[2] == tonumber(f[3]) and c[3] == wait(f[6]) and c[4] == wait(f[7])
+end
+
+local steps, keys, common, compacts = 0, {}, 0, 0
 for line in io.lines() do
 	local args, want = string.match(line, "^(.-) | (.*)$")
 	local f = {}
@@ -73,8 +100,14 @@ for line in io.lines() do
 		f[#f + 1] = w
 	end
 	KEYS = { f[1] }
-	-- now "server": the server's clock, which the stub's TIME keeps at 1.7e18 ns.
-	ARGV = { f[2], f[3] == "server" and "" or f[3], f[4], f[5], f[6], f[7], f[8] }
+	-- now "server": the server's clock, which the stub's TIME keeps at 1.7e18 ns
+	-- unless the step names it.
+	local server = string.sub(f[3], 1, 6) == "server"
+	ARGV = { f[2], server and "" or f[3], f[4], f[5], f[6], f[7], f[8] }
+	clock = { "1700000000", "0" }
+	if f[3] ~= "server" and server then
+		clock = { string.match(f[3], "^server@(%d+)%.(%d+)$") }
+	end
 	keys[f[1]] = true
 	store = stores[1]
 	-- The common case writes its value with "..", the general path with
@@ -94,9 +127,26 @@ for line in io.lines() do
 			os.exit(1)
 		end
 	end
+	-- Every step also runs asking for the compact reply, which only an
+	-- allow may take.
+	store = stores[3]
+	ARGV[8] = "1"
+	local c = script()
+	local s1, s3 = stores[1][f[1]], store[f[1]]
+	if (s1 and s1.value .. " " .. s1.px or "nil") ~= (s3 and s3.value .. " " .. s3.px or "nil")
+		or not same_compact(c, r) or (#c == 4 and f[2] ~= "allow") then
+		io.stderr:write("compact and full replies differ at step ", steps + 1, ":\n  ", line,
+			"\n  full    ", summary(r, f[1]), "\n  compact ",
+			c.err and c.err or concat(c, " ", 1, #c), " | ", s3 and s3.value or "nil", "\n")
+		os.exit(1)
+	end
+	if #c == 4 then
+		compacts = compacts + 1
+	end
+	store = stores[1]
 	-- Expiry runs on the server's clock: a step at the caller's time leaves
 	-- the key without one.
-	if f[3] ~= "server" and store[f[1]] and store[f[1]].px ~= "" then
+	if not server and store[f[1]] and store[f[1]].px ~= "" then
 		io.stderr:write("a step at the caller's time set an expiry at step ", steps + 1, ":\n  ",
 			line, "\n  ", store[f[1]].px, "\n")
 		os.exit(1)
@@ -133,9 +183,10 @@ for _ in pairs(keys) do
 end
 if general then
 	print(string.format("lua differential: %d steps in %d sequences, %d of them decided by the "
-		.. "common case, each the same with it off; no difference", steps, n, common))
-	if common == 0 then
-		io.stderr:write("the common case decided no step\n")
+		.. "common case, each the same with it off, %d allows replied in integers; no difference",
+		steps, n, common, compacts))
+	if common == 0 or compacts == 0 then
+		io.stderr:write("the common case decided no step, or replied in integers to none\n")
 		os.exit(1)
 	end
 else

@@ -7,7 +7,8 @@
 # local library's answers, driver.lua runs SCRIPT on them under lua5.1.
 # TOKENBUCKET_LUA_SEQUENCES sequences (default 50000) of 20 steps, in two
 # halves run side by side; each step also runs with the script's common
-# case turned off, which must change nothing.
+# case turned off, which must change nothing, and asking for the compact
+# reply (8th argument "1"), which must store the same and say the same.
 set -eu
 gen=$1
 script=$2

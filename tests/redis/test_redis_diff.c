@@ -2,7 +2,9 @@
 /*
  * Differential: random call sequences at explicit times through the real
  * server, every answer equal to the local library's (tests/redis/sequence.c
- * makes the steps and asks the library).
+ * makes the steps and asks the library).  The client asks for the compact
+ * reply to an allow; the same steps sent by hand in the 7-argument form of
+ * tokenbucket-redis(7) to a twin key must say the same and store the same.
  */
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -16,18 +18,92 @@
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <hiredis/hiredis.h>
 
 #include "check_redis.h"
 #include "sequence.h"
 
-int redis_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index)
+static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
+
+static int64_t reply_int(const redisReply *e)
+{
+	ck_assert(e->type == REDIS_REPLY_STRING);
+	return strtoll(e->str, NULL, 10);
+}
+
+/* t - now as the client reads it: at least 0; never, and a span no int64_t holds, never. */
+static int64_t until(int64_t t, int64_t now)
+{
+	if (t == TOKENBUCKET_NEVER || t <= now)
+		return t == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : 0;
+	uint64_t d = (uint64_t)t - (uint64_t)now;
+	return d >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
+}
+
+static redisReply *get(redisContext *x, const char *key)
+{
+	redisReply *r = redisCommand(x, "GET %s", key);
+	ck_assert_ptr_nonnull(r);
+	return r;
+}
+
+/*
+ * Step st sent by hand in the 7-argument form to key twin on x; for an
+ * allow, the result the client made (res) must be what the 7 elements say,
+ * and after any step both keys hold the same value.
+ */
+static void twin_step(redisContext *x, const char *key, const char *twin,
+		      const struct seq_step *st, const struct tokenbucket_result *res, int step)
+{
+	char now[24], tok[24], per[24], bur[24], n[24], arg[24];
+	snprintf(now, sizeof(now), "%" PRId64, st->now);
+	snprintf(tok, sizeof(tok), "%" PRIu64, st->lim.tokens);
+	snprintf(per, sizeof(per), "%" PRId64, st->lim.tokens ? st->lim.period_ns : 1);
+	snprintf(bur, sizeof(bur), "%" PRIu64, st->lim.burst);
+	snprintf(n, sizeof(n), "%" PRIu64, st->n);
+	bool has_arg = st->op == TOKENBUCKET_REDIS_RESERVE || st->op == TOKENBUCKET_REDIS_CANCEL;
+	snprintf(arg, sizeof(arg), "%" PRId64, has_arg ? st->arg : 0);
+	const char *argv[] = { "EVAL", tokenbucket_redis_script(NULL), "1", twin, op_names[st->op],
+			       now, tok, per, bur, n, arg };
+	redisReply *r = redisCommandArgv(x, 11, argv, NULL);
+	ck_assert_ptr_nonnull(r);
+	if (st->op == TOKENBUCKET_REDIS_ALLOW) {
+		ck_assert_msg(r->type == REDIS_REPLY_ARRAY && r->elements == 7, "%s step %d", twin, step);
+		int64_t t = reply_int(r->element[1]), level = reply_int(r->element[2]);
+		ck_assert_msg(res->allowed == (r->element[0]->integer == 1) &&
+				      res->remaining == (uint64_t)(level > 0 ? level : 0) &&
+				      res->retry_after_ns == until(reply_int(r->element[5]), t) &&
+				      res->reset_after_ns == until(reply_int(r->element[6]), t) &&
+				      res->limit == st->lim.burst,
+			      "%s step %d: allowed %d remaining %" PRIu64 " retry %" PRId64 " reset %" PRId64
+			      ", the 7-element reply says otherwise",
+			      key, step, res->allowed, res->remaining, res->retry_after_ns,
+			      res->reset_after_ns);
+	}
+	freeReplyObject(r);
+	redisReply *a = get(x, key), *b = get(x, twin);
+	ck_assert_msg(a->type == b->type && a->len == b->len &&
+			      (a->len == 0 || memcmp(a->str, b->str, a->len) == 0),
+		      "%s step %d: %s holds %s, %s holds %s", key, step, key,
+		      a->type == REDIS_REPLY_STRING ? a->str : "-", twin,
+		      b->type == REDIS_REPLY_STRING ? b->str : "-");
+	freeReplyObject(a);
+	freeReplyObject(b);
+}
+
+/* redis_sequence, and with x every step also sent by hand to a twin key (twin_step). */
+static int sequence(struct tokenbucket_redis *c, redisContext *x, uint64_t seed, int steps,
+		    long index)
 {
 	struct seq s;
 	struct seq_step st;
 	struct seq_expect ex;
-	char key[48];
+	char key[48], twin[56];
 	snprintf(key, sizeof(key), "diff:%" PRIx64 ":%ld", seed, index);
+	snprintf(twin, sizeof(twin), "twin:%" PRIx64 ":%ld", seed, index);
 	ck_assert_int_eq(seq_start(&s, seed, steps), 0);
 	int done = 0;
 	while (seq_next(&s, &st, &ex)) {
@@ -86,10 +162,17 @@ int redis_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long i
 				      ex.err);
 			break;
 		}
+		if (x != NULL)
+			twin_step(x, key, twin, &st, &res, done);
 		done++;
 	}
 	seq_end(&s);
 	return done;
+}
+
+int redis_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index)
+{
+	return sequence(c, NULL, seed, steps, index);
 }
 
 START_TEST(test_differential)
@@ -97,9 +180,93 @@ START_TEST(test_differential)
 	/* 10^4 sequences of 16 steps by default: a few seconds on a unix socket. */
 	long count = redis_sequences(10000);
 	long steps = 0;
+	redisContext *x = server_admin(&srv);
+	ck_assert_ptr_nonnull(x);
 	for (long i = 0; i < count; i++)
-		steps += redis_sequence(cli, 0x7b0c5e11u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
-	printf("redis differential: %ld steps in %ld sequences, no difference\n", steps, count);
+		steps += sequence(cli, x, 0x7b0c5e11u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
+	redisFree(x);
+	printf("redis differential: %ld steps in %ld sequences, no difference, each the same "
+	       "in the 7-argument form\n", steps, count);
+}
+END_TEST
+
+/*
+ * The compact reply on the server's clock, where two keys cannot be asked
+ * at one time: the results are the bucket's, a refusal writes nothing, and
+ * the 7-element reply a moment later says the same within the moment.
+ */
+START_TEST(test_compact_server_clock)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
+	redisContext *x = server_admin(&srv);
+	ck_assert_ptr_nonnull(x);
+	struct tokenbucket_result res;
+	for (uint64_t i = 0; i < 3; i++) {
+		ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("sc"), &lim, 1, &res), 0);
+		ck_assert(res.allowed);
+		ck_assert_uint_eq(res.remaining, 2 - i);
+		ck_assert_int_eq(res.retry_after_ns, 0);
+		/* Full again (i + 1) hours on, less the moments since the first call. */
+		ck_assert_int_le(res.reset_after_ns, (int64_t)(i + 1) * 3600 * SEC);
+		ck_assert_int_gt(res.reset_after_ns, (int64_t)(i + 1) * 3600 * SEC - 60 * SEC);
+	}
+	redisReply *before = get(x, "sc");
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("sc"), &lim, 1, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.remaining, 0);
+	ck_assert_int_le(res.retry_after_ns, 3600 * SEC);
+	ck_assert_int_gt(res.retry_after_ns, 3600 * SEC - 60 * SEC);
+	ck_assert_int_le(res.reset_after_ns, 3 * 3600 * SEC);
+	ck_assert_int_gt(res.reset_after_ns, 3 * 3600 * SEC - 60 * SEC);
+	redisReply *after = get(x, "sc");
+	ck_assert(before->type == REDIS_REPLY_STRING && after->type == REDIS_REPLY_STRING);
+	ck_assert_str_eq(before->str, after->str);
+	/* The 7-argument form on the same key. */
+	const char *argv[] = { "EVAL", tokenbucket_redis_script(NULL), "1", "sc", "allow", "",
+			       "1", "3600000000000", "3", "1", "0" };
+	redisReply *r = redisCommandArgv(x, 11, argv, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 7);
+	ck_assert_int_eq(r->element[0]->integer, 0);
+	ck_assert_int_eq(reply_int(r->element[2]), 0);
+	int64_t t = reply_int(r->element[1]);
+	int64_t retry = until(reply_int(r->element[5]), t), reset = until(reply_int(r->element[6]), t);
+	ck_assert_int_le(retry, res.retry_after_ns);
+	ck_assert_int_gt(retry, res.retry_after_ns - 60 * SEC);
+	ck_assert_int_eq(res.reset_after_ns - reset, res.retry_after_ns - retry);
+	freeReplyObject(r);
+	r = get(x, "sc");
+	ck_assert_str_eq(before->str, r->str);
+	freeReplyObject(r);
+	freeReplyObject(before);
+	freeReplyObject(after);
+	/* The 8th argument takes "1" or "0", nothing else; "0" is the 7-element reply. */
+	const char *eight[] = { "EVAL", tokenbucket_redis_script(NULL), "1", "sc8", "allow", "",
+				"1", "3600000000000", "3", "1", "0", "0" };
+	r = redisCommandArgv(x, 12, eight, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 7);
+	freeReplyObject(r);
+	eight[11] = "1";
+	r = redisCommandArgv(x, 12, eight, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 4);
+	ck_assert_int_eq(r->element[0]->integer, 1);
+	ck_assert_int_eq(r->element[1]->integer, 1);
+	freeReplyObject(r);
+	eight[4] = "reserve"; /* only an allow replies in integers */
+	r = redisCommandArgv(x, 12, eight, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 7);
+	freeReplyObject(r);
+	before = get(x, "sc8");
+	eight[11] = "2";
+	r = redisCommandArgv(x, 12, eight, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
+	ck_assert_str_eq(r->str, "ERR tokenbucket: bad reply form");
+	freeReplyObject(r);
+	r = get(x, "sc8");
+	ck_assert(before->type == REDIS_REPLY_STRING && r->type == REDIS_REPLY_STRING);
+	ck_assert_str_eq(before->str, r->str);
+	freeReplyObject(r);
+	freeReplyObject(before);
+	redisFree(x);
 }
 END_TEST
 
@@ -107,6 +274,6 @@ Suite *redis_diff_suite(void)
 {
 	Suite *s = suite_create("redis-diff");
 	redis_tcase(s, "differential", redis_setup, 240,
-		    (const TTest *const[]){ test_differential, NULL });
+		    (const TTest *const[]){ test_differential, test_compact_server_clock, NULL });
 	return s;
 }
