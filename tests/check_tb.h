@@ -7,8 +7,11 @@
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include <tokenbucket.h>
+
+#include "forked.h"
 
 #define US INT64_C(1000)
 #define MS INT64_C(1000000)

@@ -537,7 +537,7 @@ START_TEST(set_limit_killed)
 	int64_t now = 1000;
 	for (int round = 0; round < 40; round++) {
 		pid_t pid = fork();
-		ck_assert_int_ge(pid, 0);
+		TBT_FORKED(pid);
 		if (pid == 0) {
 			for (int64_t t = now;; t += 1000) {
 				tokenbucket_set_limit_at(tb, t, (t / 1000) & 1 ? &a : &b);

@@ -11,6 +11,7 @@
 
 #include <tokenbucket-redis.h>
 
+#include "../forked.h"
 #include "server.h"
 
 #define MS INT64_C(1000000)

@@ -343,7 +343,7 @@ START_TEST(test_fork_while_pipelined)
 	for (int i = 0; i < 20; i++) {
 		usleep(5000);
 		pid_t child = fork();
-		ck_assert_int_ge(child, 0);
+		TBT_FORKED(child);
 		if (child == 0) {
 			tokenbucket_redis_close(piped);
 			_exit(0);

@@ -90,7 +90,7 @@ static void run_all(const struct tokenbucket_redis_limit *lim, int64_t run_ns, b
 	pid_t pids[PROCS];
 	for (int i = 0; i < PROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0) {
 			/* The test's own client is the parent's; this process opens its own. */
 			tokenbucket_redis_close(cli);

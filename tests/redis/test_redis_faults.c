@@ -132,7 +132,7 @@ START_TEST(test_busy)
 {
 	works("k");
 	pid_t child = fork();
-	ck_assert_int_ge(child, 0);
+	TBT_FORKED(child);
 	if (child == 0) {
 		tokenbucket_redis_close(cli); /* the parent's */
 		/* Blocks the server in a script until SCRIPT KILL. */

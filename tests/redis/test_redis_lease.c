@@ -321,7 +321,7 @@ static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
 	pid_t pids[PROCS];
 	for (int i = 0; i < PROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0) {
 			tokenbucket_redis_close(cli);
 			cli = NULL;
@@ -543,7 +543,7 @@ START_TEST(test_rate_change)
 	pid_t pids[PROCS];
 	for (int i = 0; i < PROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0) {
 			tokenbucket_redis_close(cli);
 			cli = NULL;
@@ -896,7 +896,7 @@ static int64_t run_rfleet(struct rfleet *f, long *granted, long *errors)
 	pid_t pids[RPROCS];
 	for (int i = 0; i < RPROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0) {
 			tokenbucket_redis_close(cli);
 			cli = NULL;

@@ -123,7 +123,7 @@ START_TEST(placed_size_and_attach)
 	ck_assert_ptr_nonnull(tb);
 	ck_assert_int_eq(tokenbucket_reset_at(tb, 0, 10), 0);
 	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
+	TBT_FORKED(pid);
 	if (pid == 0) {
 		struct tokenbucket *mine = NULL;
 		if (tokenbucket_attach_shared(&mine, mem, size) != 0 || mine != tb)
@@ -376,7 +376,7 @@ START_TEST(named_other_user)
 	char name[64];
 	struct tokenbucket *tb = fresh(name, "perm", 1, MS, 10);
 	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
+	TBT_FORKED(pid);
 	if (pid == 0) {
 		/*
 		 * Root stays the saved user, so that the child is root again
@@ -446,7 +446,7 @@ static void create_race(const char *tag, bool kill_some)
 		pid_t pids[RACERS];
 		for (int i = 0; i < RACERS; i++) {
 			pids[i] = fork();
-			ck_assert_int_ge(pids[i], 0);
+			TBT_FORKED(pids[i]);
 			if (pids[i] == 0)
 				racer(name, r);
 		}
@@ -550,7 +550,7 @@ static void run_procs(const char *name, struct arena *a, bool reserve)
 	pid_t pids[PROCS];
 	for (int i = 0; i < PROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0) {
 			struct worker w = {.a = a, .reserve = reserve, .tb = child_open(name)};
 			pthread_t th[PTHREADS];
@@ -618,7 +618,7 @@ START_TEST(dead_writer_recovered)
 	struct tokenbucket *tb = fresh(name, "dead", 1, MS, 10);
 	ck_assert_int_eq(tokenbucket_reset_at(tb, SEC, 0), 0);
 	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
+	TBT_FORKED(pid);
 	if (pid == 0) {
 		pthread_mutex_lock(&tb->writer);
 		atomic_store(&tb->frozen_at, SEC + 2 * MS);
@@ -678,7 +678,7 @@ START_TEST(dead_writer_while_waiting)
 	int ready[2];
 	ck_assert_int_eq(pipe(ready), 0);
 	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
+	TBT_FORKED(pid);
 	if (pid == 0) {
 		pthread_mutex_lock(&tb->writer);
 		atomic_store(&tb->frozen_at, SEC + 2 * MS);
@@ -758,7 +758,7 @@ START_TEST(dead_reset_before_first_time)
 	struct tokenbucket *tb = fresh(name, "deadreset", 1, MS, 10);
 	ck_assert_int_eq(atomic_load(&tb->clock), TB__NO_TIME);
 	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
+	TBT_FORKED(pid);
 	if (pid == 0) {
 		/* reset_at's first steps: the lock, the freeze, the clock. */
 		pthread_mutex_lock(&tb->writer);
@@ -794,7 +794,7 @@ START_TEST(sigkill_storm)
 	pid_t pids[N];
 	for (int i = 0; i < N; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0)
 			storm_child(name, s, i >= TAKERS, (unsigned)i);
 	}
@@ -819,7 +819,7 @@ START_TEST(sigkill_storm)
 				frozen++; /* killed between freeze and publish, or racing its peer */
 		}
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0)
 			storm_child(name, s, i >= TAKERS, (unsigned)(kills * N + i));
 	}
@@ -861,7 +861,7 @@ START_TEST(faces_across_processes)
 	int64_t start = tokenbucket_now();
 	tokenbucket_replenish(tb, start);
 	pid_t replenisher = fork();
-	ck_assert_int_ge(replenisher, 0);
+	TBT_FORKED(replenisher);
 	if (replenisher == 0) {
 		struct tokenbucket *mine = child_open(name);
 		while (!atomic_load(&a->go)) {
@@ -871,7 +871,7 @@ START_TEST(faces_across_processes)
 		_exit(0);
 	}
 	pid_t dispatcher = fork();
-	ck_assert_int_ge(dispatcher, 0);
+	TBT_FORKED(dispatcher);
 	if (dispatcher == 0) {
 		struct tokenbucket *mine = child_open(name);
 		for (int i = 0; i < 20; i++) {
@@ -882,7 +882,7 @@ START_TEST(faces_across_processes)
 		_exit(0);
 	}
 	pid_t client = fork();
-	ck_assert_int_ge(client, 0);
+	TBT_FORKED(client);
 	if (client == 0) {
 		struct tokenbucket *mine = child_open(name);
 		for (int i = 0; i < 20; i++)

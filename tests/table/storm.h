@@ -43,7 +43,7 @@ static inline int storm_run(pid_t *pids, int n, _Atomic long *calls, int want, i
 		ck_assert_msg(WIFSIGNALED(st), "a child failed: status %d", st);
 		kills++;
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0)
 			child(arg, base + (unsigned)(kills * n + i));
 	}

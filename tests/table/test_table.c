@@ -1202,7 +1202,7 @@ START_TEST(processes_and_sigkill)
 	pid_t pids[PROCS];
 	for (int i = 0; i < PROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0)
 			proc_child(mem, size, s, (unsigned)i);
 	}

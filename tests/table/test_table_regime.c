@@ -344,7 +344,7 @@ static void die_frozen(struct tbt_mem *m, int64_t at, const struct tokenbucket_l
 		       bool exact)
 {
 	pid_t pid = fork();
-	ck_assert_int_ge(pid, 0);
+	TBT_FORKED(pid);
 	if (pid == 0) {
 		if (pthread_mutex_lock(&m->lock.writer))
 			_exit(1);
@@ -714,7 +714,7 @@ START_TEST(storm_of_changes)
 	pid_t pids[SPROCS];
 	for (int i = 0; i < SPROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0)
 			storm_child(mem, size, s, (unsigned)i);
 	}
@@ -805,7 +805,7 @@ START_TEST(storm_of_reanchors)
 	pid_t pids[SPROCS];
 	for (int i = 0; i < SPROCS; i++) {
 		pids[i] = fork();
-		ck_assert_int_ge(pids[i], 0);
+		TBT_FORKED(pids[i]);
 		if (pids[i] == 0)
 			anchor_child(mem, size, a, (unsigned)i);
 	}
@@ -819,7 +819,7 @@ START_TEST(storm_of_reanchors)
 				   (unsigned)(SPROCS * 1000 * e), anchor_spawn, &arg);
 		for (int i = 0; i < SPROCS; i++) {
 			pids[i] = fork();
-			ck_assert_int_ge(pids[i], 0);
+			TBT_FORKED(pids[i]);
 			if (pids[i] == 0)
 				anchor_child(mem, size, a, (unsigned)(SPROCS * 1000 * e + 500 + i));
 		}
