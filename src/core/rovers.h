@@ -103,16 +103,26 @@ static inline __attribute__((always_inline)) bool
 tb__view_at_clock(struct tokenbucket *tb, struct tb__view *v, int64_t *at)
 {
 	for (int round = 0;; round++) {
+		if (round == TB__ROUNDS_MAX)
+			return tb__give_up(tb);
 		tb__view(tb, v);
 		*at = atomic_load(&tb->clock);
+		/*
+		 * gen read again after the clock (both sequentially consistent):
+		 * unchanged, the clock was read before any freeze of this regime,
+		 * so the rate change's own read of the clock sees it and its
+		 * switch time is no earlier.  Changed, a rate change may have
+		 * ended before the clock read: the old view would count its rate
+		 * past the switch.
+		 */
+		if (atomic_load(&tb->gen) != v->gen)
+			continue;
 		if (__builtin_expect(*at == TB__NO_TIME || !tb__past_horizon(v, *at), 1)) {
 			if (tb__capped(tb))
 				tb__cap_to_ceil(tb, v, *at);
 			return true;
 		}
 		/* Each normalization moves the horizon past the clock, unless the words forbid it. */
-		if (round == TB__ROUNDS_MAX)
-			return tb__give_up(tb);
 		if (tb__normalize(tb, *at))
 			return false;
 	}

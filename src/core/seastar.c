@@ -76,6 +76,8 @@ static uint64_t deficiency_slow(const struct tokenbucket *tb, uint64_t ticket)
 		struct tb__view v;
 		tb__view(tb, &v);
 		int64_t at = atomic_load(&tb->clock);
+		if (atomic_load(&tb->gen) != v.gen)
+			continue; /* a rate change may have ended before "at" (tb__view_at_clock) */
 		tb__i128 raw = tb__raw_level(&v, head, tail, at);
 		if (tb__capped(tb) && from < at) {
 			/*
