@@ -347,14 +347,14 @@ static inline bool bad_key(const void *key, size_t len)
 }
 
 /*
- * Hashes the key and prepares the call: candidates, the regime and the
- * table's time (fixing the origin unless most > burst, see read_regime).
- * False for a corrupt table.
+ * Prepares the call of the key whose hash is h: candidates, the regime and
+ * the table's time (fixing the origin unless most > burst, see
+ * read_regime).  False for a corrupt table.
  */
-static inline __attribute__((always_inline)) bool call_init(struct tokenbucket_table *t, int64_t now, const void *key,
-			     size_t len, uint64_t most, struct tbt_call *c)
+static inline __attribute__((always_inline)) bool call_init_hashed(struct tokenbucket_table *t,
+								   int64_t now, uint64_t h,
+								   uint64_t most, struct tbt_call *c)
 {
-	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
 	uint64_t a, b;
 	tbt_buckets_of(h, t->lines / 2, &a, &b);
 	c->fp = tbt_fingerprint(h);
@@ -372,25 +372,42 @@ static inline __attribute__((always_inline)) bool call_init(struct tokenbucket_t
 	return read_regime(t, c, most);
 }
 
+/* call_init_hashed of the key's hash under the table's secret. */
+static inline __attribute__((always_inline)) bool call_init(struct tokenbucket_table *t, int64_t now, const void *key,
+			     size_t len, uint64_t most, struct tbt_call *c)
+{
+	return call_init_hashed(t, now, tb__siphash13_inline(t->k0, t->k1, key, len), most, c);
+}
+
 /*
  * The key's slot, with the state read (acquire, before the fingerprint: a
  * fingerprint read after an even state belongs to it if that state is still
  * there when the caller compares-and-swaps it).  NULL if the key has none.
  */
-static inline __attribute__((always_inline)) struct tbt_slot *find(const struct tbt_call *c,
-								   uint64_t *state)
+static inline __attribute__((always_inline)) struct tbt_slot *
+find_in(struct tbt_line *bucket, uint64_t fp, uint64_t *state)
 {
-	for (int i = 0; i < c->nc; i++) {
-		struct tbt_slot *s = cand(c, i);
+	/* A bucket's slots lie one after another in its two lines: j * 32 bytes on. */
+	for (int j = 0; j < TBT_BUCKET_SLOTS; j++) {
+		struct tbt_slot *s = (struct tbt_slot *)(void *)((char *)bucket +
+								 (size_t)j * sizeof(struct tbt_slot));
 		uint64_t st = atomic_load_explicit(&s->state, memory_order_acquire);
 		if (st_claimed(st) || st_empty(st))
 			continue;
-		if (atomic_load_explicit(&s->fp, memory_order_acquire) == fp_for(c->fp, st)) {
+		if (atomic_load_explicit(&s->fp, memory_order_acquire) == fp_for(fp, st)) {
 			*state = st;
 			return s;
 		}
 	}
 	return NULL;
+}
+
+/* find_in over the call's buckets, first a then b. */
+static inline __attribute__((always_inline)) struct tbt_slot *find(const struct tbt_call *c,
+								   uint64_t *state)
+{
+	struct tbt_slot *s = find_in(c->bucket[0], c->fp, state);
+	return s != NULL || c->nc == TBT_BUCKET_SLOTS ? s : find_in(c->bucket[1], c->fp, state);
 }
 
 /*
@@ -613,6 +630,28 @@ static __attribute__((noinline)) int reanchor(struct tokenbucket_table *t, struc
 	return err;
 }
 
+/*
+ * A take of n at "at" from a key's tail: whether the level Q(at) - tail
+ * (at most burst) reaches n, with *base the tail to take from: tail, or
+ * Q(at) - burst when the key is full (what lies above burst is dropped;
+ * one division, only then).
+ */
+static inline __attribute__((always_inline)) bool decide(const struct tb__view *v, uint64_t burst,
+							 int64_t at, uint64_t tail, uint64_t n,
+							 uint64_t *base)
+{
+	tb__u128 f = fine_of(v, at);
+	/* As level_at_least. */
+	int64_t need = tdiff(tail + burst, v->hoff);
+	if (need <= 0 || f >= (tb__u128)(uint64_t)need * v->q) {
+		*base = v->hoff + (uint64_t)tb__whole(v, f) - burst;
+		return true;
+	}
+	*base = tail;
+	need = tdiff(tail + n, v->hoff);
+	return need <= 0 || f >= (tb__u128)(uint64_t)need * v->q;
+}
+
 /* What a take decided, for the result. */
 struct tbt_outcome {
 	bool allowed;
@@ -691,19 +730,8 @@ again:
 				return err;
 			goto again;
 		}
-		uint64_t tail = st_tail(st), base = tail;
-		tb__u128 f = fine_of(&c->v, at);
-		/* As level_at_least. */
-		int64_t need = tdiff(tail + c->burst, c->v.hoff);
-		bool ok;
-		if (need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q) {
-			/* full: drop what lies above burst */
-			base = c->v.hoff + (uint64_t)tb__whole(&c->v, f) - c->burst;
-			ok = true;
-		} else {
-			need = tdiff(tail + n, c->v.hoff);
-			ok = need <= 0 || f >= (tb__u128)(uint64_t)need * c->v.q;
-		}
+		uint64_t tail = st_tail(st), base;
+		bool ok = decide(&c->v, c->burst, at, tail, n, &base);
 		o->at = at;
 		uint64_t seen = st;
 		if (ok) {
@@ -729,18 +757,89 @@ again:
 	}
 }
 
-bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now, const void *key,
-				size_t len, uint64_t n)
+/*
+ * allow on a warm key, in registers: the table's origin fixed, the regime
+ * stable and valid, the key in a slot, its time within the horizon.  The
+ * same words read in the same order and the same decision as read_regime
+ * and take; 1 allowed, 0 refused, -1 for anything else (no slot, a change
+ * under way, a lost compare-and-swap), which allow_general decides from
+ * the start.  Nothing the general path does not do is written: at most
+ * the key's clock, which it would move to the same time.
+ */
+static inline __attribute__((always_inline)) int warm_allow(struct tokenbucket_table *t,
+							    int64_t now, uint64_t h, uint64_t n)
 {
-	if (t == NULL || bad_key(key, len))
-		return false;
+	uint64_t a, b;
+	tbt_buckets_of(h, t->lines / 2, &a, &b);
+	__builtin_prefetch(&t->line[2 * b], 1);
+	uint64_t fp = tbt_fingerprint(h), st;
+	struct tbt_slot *s = find_in(&t->line[2 * a], fp, &st);
+	if (s == NULL && a != b)
+		s = find_in(&t->line[2 * b], fp, &st);
+	if (s == NULL)
+		return -1;
+	const struct tbt_regimes *g = &t->mem->regimes;
+	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
+	uint64_t gen = atomic_load_explicit(&g->gen, memory_order_acquire);
+	const struct tbt_regime *r = &g->slot[(gen >> 1) & 1];
+	int64_t rorigin = atomic_load_explicit(&r->origin, memory_order_relaxed);
+	struct tb__view v = {
+		.origin = rorigin == TB__NO_TIME ? origin : rorigin,
+		.fine0 = atomic_load_explicit(&r->fine0, memory_order_relaxed),
+		.p = atomic_load_explicit(&r->p, memory_order_relaxed),
+		.q = atomic_load_explicit(&r->q, memory_order_relaxed),
+		.hoff = atomic_load_explicit(&r->hoff, memory_order_relaxed),
+		.until = TOKENBUCKET_NEVER,
+	};
+	uint64_t burst = atomic_load_explicit(&r->burst, memory_order_relaxed);
+	uint64_t hspan = (uint64_t)atomic_load_explicit(&r->hspan, memory_order_relaxed);
+	atomic_thread_fence(memory_order_acquire);
+	if ((gen & 1) || origin == TB__NO_TIME || v.fine0 >= v.q ||
+	    burst > TOKENBUCKET_TABLE_BURST_MAX ||
+	    atomic_load_explicit(&g->gen, memory_order_relaxed) != gen)
+		return -1;
+	if (n > burst)
+		return 0;
+	int64_t at = tb__time(now);
+	if (at < v.origin)
+		at = v.origin;
+	at = key_time(s, at);
+	/* regime_holds, then past_horizon */
+	if (atomic_load(&g->gen) != gen || (uint64_t)at - (uint64_t)v.origin >= hspan)
+		return -1;
+	uint64_t tail = st_tail(st), base, seen = st;
+	if (decide(&v, burst, at, tail, n, &base)) {
+		uint64_t after = st_with_tail(st, base + n);
+		return after == st || atomic_compare_exchange_strong(&s->state, &st, after) ? 1 : -1;
+	}
+	/* Refused only on the state and time it was decided on. */
+	return atomic_load_explicit(&s->state, memory_order_acquire) == seen &&
+			       atomic_load(&s->clock) == at
+		       ? 0
+		       : -1;
+}
+
+/* allow_at from the start, the key hashed to h. */
+static __attribute__((noinline)) bool allow_general(struct tokenbucket_table *t, int64_t now,
+						    uint64_t h, uint64_t n)
+{
 	struct tbt_call c;
-	if (!call_init(t, now, key, len, n, &c) || n > c.burst)
+	if (!call_init_hashed(t, now, h, n, &c) || n > c.burst)
 		return false;
 	struct tbt_outcome o = {0};
 	if (__builtin_expect(past_horizon(&c, c.at), 0) && reanchor(t, &c, c.at, n) != 0)
 		return false;
 	return take(t, &c, n, false, &o) == 0 && o.allowed;
+}
+
+bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now, const void *key,
+				size_t len, uint64_t n)
+{
+	if (t == NULL || bad_key(key, len))
+		return false;
+	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
+	int warm = warm_allow(t, now, h, n);
+	return __builtin_expect(warm >= 0, 1) ? warm : allow_general(t, now, h, n);
 }
 
 bool tokenbucket_table_allow(struct tokenbucket_table *t, const void *key, size_t len, uint64_t n)

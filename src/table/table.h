@@ -152,7 +152,8 @@ struct tbt_mem {
 };
 
 _Static_assert(sizeof(struct tbt_header) <= 128, "the header fits its two lines");
-_Static_assert(sizeof(struct tbt_line) == 64, "a line is one cache line");
+_Static_assert(sizeof(struct tbt_line) == 64 && sizeof(struct tbt_slot) == 32,
+	       "a line is one cache line of two slots");
 _Static_assert(sizeof(struct tbt_regimes) == 128 && offsetof(struct tbt_mem, line) == 512,
 	       "the shared layout (TBT_LAYOUT 3) does not move");
 

@@ -8,6 +8,9 @@
  *                   so every tenth call finds a new token (both paths counted)
  *   grab            grab(1)
  *   reserve_cancel  reserve_at(t, 1) then cancel_at(t), t += 100 ns
+ *   table_warm      table allow_at(t, key, 1) on one warm key, t += 100 ns, the
+ *                   same rate and a burst that never empties
+ *   table_keys      the same on 1000 warm keys in turn (a table of 4096 slots)
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,7 +21,7 @@
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: %s allow_at|grab|reserve_cancel CALLS\n", argv[0]);
+		fprintf(stderr, "usage: %s allow_at|grab|reserve_cancel|table_warm|table_keys CALLS\n", argv[0]);
 		return 2;
 	}
 	const char *workload = argv[1];
@@ -43,6 +46,22 @@ int main(int argc, char **argv)
 			tokenbucket_cancel_at(tb, &r, t);
 			sink += r.ticket;
 		}
+	} else if (strcmp(workload, "table_warm") == 0 || strcmp(workload, "table_keys") == 0) {
+		struct tokenbucket_table *tt;
+		if (tokenbucket_table_create(&tt, 1, 1000, TOKENBUCKET_TABLE_BURST_MAX, 4096, 0) != 0)
+			return 1;
+		unsigned keys = strcmp(workload, "table_keys") == 0 ? 1000 : 1;
+		/* Every key warm (its bucket in place) before the counted calls, which are allow_at's. */
+		for (unsigned k = 0; k < keys; k++) {
+			struct tokenbucket_reservation r;
+			if (tokenbucket_table_reserve_at(tt, t, &k, sizeof(k), 1, 0, &r) != 0)
+				return 1;
+		}
+		for (long i = 0; i < calls; i++, t += 100) {
+			unsigned k = (unsigned)(i % keys);
+			sink += tokenbucket_table_allow_at(tt, t, &k, sizeof(k), 1);
+		}
+		tokenbucket_table_free(tt);
 	} else {
 		fprintf(stderr, "%s: unknown workload %s\n", argv[0], workload);
 		return 2;

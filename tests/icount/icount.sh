@@ -56,7 +56,9 @@ expected() {
 status=0
 for spec in "allow_at tokenbucket_allow_at" \
 	    "grab tokenbucket_grab" \
-	    "reserve_cancel tokenbucket_reserve_at tokenbucket_cancel_at"; do
+	    "reserve_cancel tokenbucket_reserve_at tokenbucket_cancel_at" \
+	    "table_warm tokenbucket_table_allow_at" \
+	    "table_keys tokenbucket_table_allow_at"; do
 	# shellcheck disable=SC2086
 	set -- $spec
 	workload=$1
