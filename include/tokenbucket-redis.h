@@ -497,6 +497,30 @@ TOKENBUCKET_API void tokenbucket_redis_async_ready(struct tokenbucket_redis_asyn
 						   unsigned events);
 /* Since 1.2.  The timer the library armed has fired. */
 TOKENBUCKET_API void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a);
+/*
+ * Since 1.2.  A lease (tokenbucket_redis_lease_open) whose round trips are
+ * calls of the asynchronous client a, on a's loop: no thread, and nothing
+ * blocks.  A refill starts when a caller finds the tokens low (or queues a
+ * reservation) and from a's timer (a contended lease's next turn, the
+ * look for a quiet window), and lands from a's callbacks.  The lease
+ * belongs to a's loop thread: every call on it runs there, never
+ * concurrently with a's functions.  The lease functions work on it as on
+ * a blocking client's lease, except: tokenbucket_redis_lease_allow with n
+ * above cap returns -E2BIG (start that call on a instead);
+ * tokenbucket_redis_lease_wait returns -EDEADLK (its refills need the
+ * loop it would block: reserve, then ask tokenbucket_redis_lease_missing);
+ * tokenbucket_redis_lease_close starts the give-back on a and returns (0,
+ * or the error of starting it).  Close the lease before a: a lease still
+ * open at tokenbucket_redis_async_close drops what it holds (granted to no
+ * one until the rate makes it again) and refuses every later call with
+ * -ESHUTDOWN; tokenbucket_redis_lease_close still frees it.  Errors as
+ * tokenbucket_redis_lease_open's (a NULL a is -EINVAL), never -EAGAIN.
+ */
+TOKENBUCKET_API int tokenbucket_redis_async_lease_open(struct tokenbucket_redis_lease **lp,
+						       struct tokenbucket_redis_async *a,
+						       const void *key, size_t keylen,
+						       const struct tokenbucket_redis_limit *lim,
+						       double share, int64_t window_ns);
 
 #ifdef __cplusplus
 }

@@ -135,6 +135,7 @@ struct tokenbucket_redis_async {
 	bool closing;
 	bool forgetting;         /* tbr__async_forget: ops end without their callbacks */
 	unsigned long completed; /* callbacks run: settle() sees a write's failure by it */
+	struct tbr__async_hook *hooks; /* tbr__async_hook_add's, in no order */
 	/* A Sentinel client's questions (sentinel_step), on node only. */
 	struct tbr__sentinel *sentinel; /* node's, or NULL */
 	struct conn asker;     /* to the sentinel asked now (node NULL) */
@@ -219,6 +220,8 @@ static void arm(struct tokenbucket_redis_async *a)
 		at = a->ask_deadline;
 	else if (!a->in_round && a->need_primary && a->ask_after < at)
 		at = a->ask_after;
+	for (const struct tbr__async_hook *h = a->hooks; h != NULL; h = h->next)
+		at = h->due < at ? h->due : at;
 	int64_t ns = -1;
 	if (at != INT64_MAX) {
 		int64_t now = tokenbucket_now();
@@ -922,6 +925,12 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 static void close_now(struct tokenbucket_redis_async *a)
 {
 	a->depth++;
+	while (a->hooks != NULL) {
+		struct tbr__async_hook *h = a->hooks;
+		tbr__async_hook_remove(a, h);
+		if (!a->forgetting)
+			h->end(h);
+	}
 	for (size_t i = 0; i < a->nconns; i++)
 		conn_drop(a->conns[i], -ECANCELED);
 	a->ask_got = true; /* on_master ignores the drop */
@@ -1043,6 +1052,8 @@ void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, un
 	leave(a);
 }
 
+static void fire_hooks(struct tokenbucket_redis_async *a, int64_t now);
+
 void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 {
 	if (a == NULL)
@@ -1067,9 +1078,63 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 			complete(o, o->err != 0 ? o->err : o->conn != NULL ? -ETIME : o->last_err,
 				 NULL, NULL, 0);
 	}
+	fire_hooks(a, now);
 	settle(a);
 	tbr__sigpipe_restore(&sp);
 	leave(a);
+}
+
+/* ---- Hooks ------------------------------------------------------------------ */
+
+void tbr__async_hook_add(struct tokenbucket_redis_async *a, struct tbr__async_hook *h)
+{
+	h->due = INT64_MAX;
+	h->pending = false;
+	h->prev = NULL;
+	h->next = a->hooks;
+	if (a->hooks != NULL)
+		a->hooks->prev = h;
+	a->hooks = h;
+}
+
+void tbr__async_hook_remove(struct tokenbucket_redis_async *a, struct tbr__async_hook *h)
+{
+	if (h->prev != NULL)
+		h->prev->next = h->next;
+	else
+		a->hooks = h->next;
+	if (h->next != NULL)
+		h->next->prev = h->prev;
+	h->prev = h->next = NULL;
+	h->pending = false;
+}
+
+void tbr__async_hook_due(struct tokenbucket_redis_async *a, struct tbr__async_hook *h,
+			 int64_t due)
+{
+	h->due = due;
+	if (a->depth == 0)
+		arm(a); /* within a frame, settle() arms on the way out */
+}
+
+/*
+ * Fires the hooks due by now, each once: a hook's fire() may add, remove
+ * or re-arm hooks (its own next time is for a later _timeout).
+ */
+static void fire_hooks(struct tokenbucket_redis_async *a, int64_t now)
+{
+	for (struct tbr__async_hook *h = a->hooks; h != NULL; h = h->next)
+		h->pending = h->due <= now;
+	for (;;) {
+		struct tbr__async_hook *h = a->hooks;
+		while (h != NULL && !h->pending)
+			h = h->next;
+		if (h == NULL || a->closing)
+			return;
+		h->pending = false;
+		h->due = INT64_MAX;
+		h->fire(h);
+	}
 }
 
 void tbr__async_batch_begin(struct tokenbucket_redis_async *a)

@@ -8,6 +8,7 @@
 #ifndef TOKENBUCKET_REDIS_ASYNC_H
 #define TOKENBUCKET_REDIS_ASYNC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,29 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
  * locks are the parent's).
  */
 void tbr__async_forget(struct tokenbucket_redis_async *a);
+
+/*
+ * Something on an engine's loop with times of its own (a lease of the
+ * asynchronous client, lease.c).  fire() runs from
+ * tokenbucket_redis_async_timeout once tokenbucket_now() reaches due
+ * (due is INT64_MAX again when it runs; it may set another, start calls
+ * and add or remove hooks).  end() runs once, from the engine's close,
+ * before the calls in flight are cancelled; the hook is removed then.
+ * Loop thread only, like the engine.
+ */
+struct tbr__async_hook {
+	int64_t due;
+	void (*fire)(struct tbr__async_hook *h);
+	void (*end)(struct tbr__async_hook *h);
+	struct tbr__async_hook *prev, *next;
+	bool pending; /* due in the _timeout running now */
+};
+/* due starts at INT64_MAX. */
+void tbr__async_hook_add(struct tokenbucket_redis_async *a, struct tbr__async_hook *h);
+void tbr__async_hook_remove(struct tokenbucket_redis_async *a, struct tbr__async_hook *h);
+/* Sets h->due and arms the loop's timer for it (at once outside the library's frames). */
+void tbr__async_hook_due(struct tokenbucket_redis_async *a, struct tbr__async_hook *h,
+			 int64_t due);
 void tbr__async_batch_begin(struct tokenbucket_redis_async *a);
 void tbr__async_batch_end(struct tokenbucket_redis_async *a);
 

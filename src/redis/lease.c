@@ -20,7 +20,10 @@
  *
  * Threads: any number of callers at once (the core bucket is lock-free);
  * one refill thread per lease does every round trip, so a caller never
- * waits for Redis.  mu guards stop and the thread's sleeps; rmu guards the
+ * waits for Redis.  A lease of an asynchronous client has no thread: its
+ * round trips are that client's calls, started from its callers, its
+ * callbacks and a hook on its loop's timer (quiet windows, contended
+ * turns), all on the loop's thread, which is then the only one to call.  mu guards stop and the thread's sleeps; rmu guards the
  * queue, overflow and every addition to the local bucket (callers' takes
  * stay lock-free: a take only widens the room an addition sees).  Lock
  * order: the client's list of leases, then rmu; mu is never held with
@@ -40,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "async.h"
 #include "client.h"
 #include "sleep.h"
 
@@ -87,6 +91,17 @@ struct tokenbucket_redis_lease {
 
 	struct tbr__dependent dep; /* on r's list while the lease is attached */
 	atomic_bool ended;         /* the client closed: r is gone, nothing lands */
+
+	/* A lease of an asynchronous client (a non-NULL, r NULL): the loop's thread only. */
+	struct tokenbucket_redis_async *a;
+	struct tbr__async_hook hook; /* on a's loop while open */
+	bool inflight;               /* a refill's call is on its way */
+	bool second;                 /* that call is the refill's second try */
+	bool contended;              /* the refill's first try found the key contended */
+	bool closing;                /* closed while inflight: the callback frees */
+	uint64_t inflight_want;
+	int64_t inflight_t0;
+	int64_t quiet_at;            /* mono_ns of the next look for a quiet window */
 
 	/* The thread's own. */
 	uint64_t chunk;
@@ -166,12 +181,13 @@ static void credit(struct tokenbucket_redis_lease *l, uint64_t x)
 /*
  * Gives back to the shared bucket every token held locally and in
  * overflow, and with all (the lease ends), those credited to queued
- * reservations.  A give-back that fails loses them: it may
+ * reservations (collect() empties them, give_back() sends them).  A
+ * give-back that fails loses them: it may
  * have been applied (a timeout after the server ran it), so keeping them
  * could count them twice.  Lost tokens are granted to no one, which costs
  * others, never the limit.
  */
-static int give_back(struct tokenbucket_redis_lease *l, bool all)
+static uint64_t collect(struct tokenbucket_redis_lease *l, bool all)
 {
 	pthread_mutex_lock(&l->rmu);
 	uint64_t total = l->overflow;
@@ -191,6 +207,12 @@ static int give_back(struct tokenbucket_redis_lease *l, bool all)
 		}
 		/* a caller took some meanwhile */
 	}
+	return total;
+}
+
+static int give_back(struct tokenbucket_redis_lease *l, bool all)
+{
+	uint64_t total = collect(l, all);
 	/* In pieces of at most a burst: the server refuses more in one (2 cap may exceed it). */
 	int err = 0;
 	while (total > 0 && err == 0) {
@@ -207,19 +229,13 @@ static bool short_of_tokens(struct tokenbucket_redis_lease *l)
 	return l->missing > 0 || held(l) < atomic_load_explicit(&l->low, memory_order_relaxed);
 }
 
-/* One refill: a chunk sized to recent demand, within what the local bucket has room for. */
-static void refill(struct tokenbucket_redis_lease *l)
+/*
+ * A refill's first half, at t0: overflow credited first, the chunk sized
+ * to recent demand, within what the local bucket has room for.  False
+ * when nothing is to be asked for; else *want is the tokens to ask for.
+ */
+static bool refill_plan(struct tokenbucket_redis_lease *l, int64_t t0, uint64_t *want_out)
 {
-	int64_t t0 = mono_ns();
-	if (t0 < l->next_refill) {
-		pthread_mutex_lock(&l->mu);
-		if (!l->stop)
-			nap(l, l->next_refill - t0);
-		pthread_mutex_unlock(&l->mu);
-		t0 = mono_ns();
-		if (t0 < l->next_refill)
-			return; /* woken to stop, or early: the loop comes back */
-	}
 	if (atomic_load_explicit(&l->has_overflow, memory_order_relaxed)) {
 		/* Tokens already taken come before another round trip. */
 		atomic_store_explicit(&l->wanted, false, memory_order_relaxed);
@@ -231,7 +247,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 		bool more = short_of_tokens(l);
 		pthread_mutex_unlock(&l->rmu);
 		if (!more)
-			return;
+			return false;
 		atomic_store_explicit(&l->wanted, true, memory_order_relaxed);
 	}
 	/* The chunk follows the client's own demand d: used up within a
@@ -258,21 +274,33 @@ static void refill(struct tokenbucket_redis_lease *l)
 		want = queued;
 	if (want == 0) {
 		atomic_store_explicit(&l->wanted, false, memory_order_relaxed);
-		return;
+		return false;
 	}
-	struct tokenbucket_result res;
-	int err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
-	/* Contended: the shared bucket could not give this chunk, or not
-	 * another one after it.  Judged by the bucket, not by this take, so
-	 * that a small chunk does not count as plenty. */
-	bool contended = err == 0 && (!res.allowed || res.remaining < want);
-	if (err == 0 && !res.allowed && res.remaining > 0) {
-		/* Fewer than a chunk there: take what is, in a second try. */
-		want = res.remaining < want ? res.remaining : want;
-		err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
-	}
-	int64_t t1 = mono_ns();
-	if (err == 0 && res.allowed && (res.flags & TOKENBUCKET_RESULT_LOCAL)) {
+	*want_out = want;
+	return true;
+}
+
+/*
+ * Contended: the shared bucket could not give this chunk, or not another
+ * one after it.  Judged by the bucket, not by this take, so that a small
+ * chunk does not count as plenty.
+ */
+static bool contended_by(const struct tokenbucket_result *res, uint64_t want)
+{
+	return !res->allowed || res->remaining < want;
+}
+
+/*
+ * A refill's second half: the round trips from t0 to t1 ended with err
+ * and res (valid when err is 0), having asked for want.  Returns the
+ * error that stands (callers are refused until Redis answers), after
+ * which the next try waits an eighth of a window.
+ */
+static int refill_landed(struct tokenbucket_redis_lease *l, int err,
+			 const struct tokenbucket_result *res, uint64_t want, int64_t t0,
+			 int64_t t1, bool contended)
+{
+	if (err == 0 && res->allowed && (res->flags & TOKENBUCKET_RESULT_LOCAL)) {
 		/* The client's fallback decided, not the shared bucket: its
 		 * tokens are no lease, and giving them back would invent some. */
 		err = -EAGAIN;
@@ -281,11 +309,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 	if (err != 0) {
 		/* Redis cannot answer: callers are refused until it can. */
 		atomic_store_explicit(&l->retry_ns, t1 - t0, memory_order_relaxed);
-		pthread_mutex_lock(&l->mu);
-		if (!l->stop)
-			nap(l, l->window_ns / 8);
-		pthread_mutex_unlock(&l->mu);
-		return;
+		return err;
 	}
 	if (contended) {
 		/* A contended key: this client's next refill waits its turn
@@ -299,7 +323,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 		l->rng ^= l->rng << 17;
 		l->next_refill = t1 + q / 2 + (q > 0 ? (int64_t)(l->rng % (uint64_t)q) : 0);
 	}
-	if (!res.allowed) {
+	if (!res->allowed) {
 		/* The shared bucket is empty.  Waiting for a whole chunk would
 		 * let whoever wakes first take all of it, every time, and a
 		 * wait that depends on the chunk lets the smallest chunk poll
@@ -310,7 +334,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 		 * overflows its burst as long as the rate makes less than a
 		 * burst in 3/8 of a window (docs/leases.md). */
 		atomic_store_explicit(&l->retry_ns, l->next_refill - t1, memory_order_relaxed);
-		return;
+		return 0;
 	}
 	/* Clear the request before the tokens land, so that a caller who
 	 * drains them asks again. */
@@ -324,6 +348,39 @@ static void refill(struct tokenbucket_redis_lease *l)
 	if (more) /* queued reservations took it all: go on */
 		atomic_store_explicit(&l->wanted, true, memory_order_relaxed);
 	l->last_refill = t1;
+	return 0;
+}
+
+/* One refill on the lease's thread, its round trips blocking. */
+static void refill(struct tokenbucket_redis_lease *l)
+{
+	int64_t t0 = mono_ns();
+	if (t0 < l->next_refill) {
+		pthread_mutex_lock(&l->mu);
+		if (!l->stop)
+			nap(l, l->next_refill - t0);
+		pthread_mutex_unlock(&l->mu);
+		t0 = mono_ns();
+		if (t0 < l->next_refill)
+			return; /* woken to stop, or early: the loop comes back */
+	}
+	uint64_t want;
+	if (!refill_plan(l, t0, &want))
+		return;
+	struct tokenbucket_result res;
+	int err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
+	bool contended = err == 0 && contended_by(&res, want);
+	if (err == 0 && !res.allowed && res.remaining > 0) {
+		/* Fewer than a chunk there: take what is, in a second try. */
+		want = res.remaining < want ? res.remaining : want;
+		err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
+	}
+	if (refill_landed(l, err, &res, want, t0, mono_ns(), contended) != 0) {
+		pthread_mutex_lock(&l->mu);
+		if (!l->stop)
+			nap(l, l->window_ns / 8);
+		pthread_mutex_unlock(&l->mu);
+	}
 }
 
 static void *run(void *arg)
@@ -373,12 +430,11 @@ static void lease_free(struct tokenbucket_redis_lease *l)
 
 static void lease_end(struct tbr__dependent *d);
 
-int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tokenbucket_redis *r,
-				 const void *key, size_t keylen,
-				 const struct tokenbucket_redis_limit *lim, double share,
-				 int64_t window_ns)
+/* A lease with no client yet, its arguments checked; lease_open's errors. */
+static int lease_new(struct tokenbucket_redis_lease **lp, const void *key, size_t keylen,
+		     const struct tokenbucket_redis_limit *lim, double share, int64_t window_ns)
 {
-	if (lp == NULL || r == NULL || lim == NULL || (key == NULL && keylen > 0) || isnan(share) ||
+	if (lim == NULL || (key == NULL && keylen > 0) || isnan(share) ||
 	    share <= 0 || share > 1 || window_ns <= 0 || (lim->tokens > 0 && lim->period_ns <= 0))
 		return -EINVAL;
 	if (lim->burst > TOKENBUCKET_BURST_MAX || window_ns > LEASE_WINDOW_MAX)
@@ -423,7 +479,6 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 		lease_free(l);
 		return err;
 	}
-	l->r = r;
 	l->keylen = keylen;
 	l->lim = *lim;
 	l->cap = cap;
@@ -439,6 +494,22 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	atomic_init(&l->err, 0);
 	atomic_init(&l->has_overflow, false);
 	atomic_init(&l->ended, false);
+	*lp = l;
+	return 0;
+}
+
+int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tokenbucket_redis *r,
+				 const void *key, size_t keylen,
+				 const struct tokenbucket_redis_limit *lim, double share,
+				 int64_t window_ns)
+{
+	if (lp == NULL || r == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_lease *l;
+	int err = lease_new(&l, key, keylen, lim, share, window_ns);
+	if (err != 0)
+		return err;
+	l->r = r;
 	err = -pthread_create(&l->thread, NULL, run, l);
 	if (err != 0) {
 		lease_free(l);
@@ -450,6 +521,197 @@ int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tok
 	return 0;
 }
 
+/* ---- Leases of an asynchronous client ------------------------------------- */
+
+static void lease_fire(struct tbr__async_hook *h);
+static void lease_hook_end(struct tbr__async_hook *h);
+
+static struct tokenbucket_redis_lease *lease_of_hook(struct tbr__async_hook *h)
+{
+	return (struct tokenbucket_redis_lease *)((char *)h -
+						  offsetof(struct tokenbucket_redis_lease, hook));
+}
+
+static void dropped(void *arg, int err, const struct tokenbucket_result *res,
+		    const struct tokenbucket_reservation *rv, double tokens)
+{
+	/* A give-back's outcome: lost or not, nothing more is owed to anyone. */
+	(void)arg, (void)err, (void)res, (void)rv, (void)tokens;
+}
+
+/* give_back through the asynchronous client: started, not awaited. */
+static int give_back_async(struct tokenbucket_redis_lease *l, bool all)
+{
+	uint64_t total = collect(l, all);
+	int err = 0;
+	while (total > 0 && err == 0) {
+		uint64_t piece = total < l->lim.burst ? total : l->lim.burst;
+		struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_REFUND,
+						    .key = l->key,
+						    .keylen = l->keylen,
+						    .limit = l->lim,
+						    .n = piece };
+		err = tokenbucket_redis_async_start(l->a, &c, dropped, NULL);
+		total -= piece;
+	}
+	return err;
+}
+
+/* Arms the lease's hook: the next look for a quiet window, or a refill wanted. */
+static void async_schedule(struct tokenbucket_redis_lease *l)
+{
+	int64_t due = l->quiet_at;
+	if (atomic_load_explicit(&l->wanted, memory_order_relaxed) && !l->inflight &&
+	    l->next_refill < due)
+		due = l->next_refill; /* in the past: as soon as the loop can */
+	tbr__async_hook_due(l->a, &l->hook, due);
+}
+
+static void on_refill(void *arg, int err, const struct tokenbucket_result *res,
+		      const struct tokenbucket_reservation *rv, double tokens);
+
+/* Starts the round trip of a refill: the first try, or the second for want. */
+static int refill_start(struct tokenbucket_redis_lease *l, uint64_t want, bool second)
+{
+	struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_ALLOW,
+					    .key = l->key,
+					    .keylen = l->keylen,
+					    .limit = l->lim,
+					    .n = want };
+	int err = tokenbucket_redis_async_start(l->a, &c, on_refill, l);
+	if (err == 0) {
+		l->inflight = true;
+		l->second = second;
+		l->inflight_want = want;
+	}
+	return err;
+}
+
+/* refill() for a lease of an asynchronous client: its first half, and the call started. */
+static void async_refill(struct tokenbucket_redis_lease *l)
+{
+	int64_t t0 = mono_ns();
+	uint64_t want;
+	if (t0 < l->next_refill || !refill_plan(l, t0, &want))
+		return;
+	l->inflight_t0 = t0;
+	l->contended = false;
+	int err = refill_start(l, want, false);
+	if (err != 0) {
+		int64_t t1 = mono_ns();
+		refill_landed(l, err, NULL, want, t0, t1, false);
+		l->next_refill = t1 + l->window_ns / 8;
+	}
+}
+
+static void on_refill(void *arg, int err, const struct tokenbucket_result *res,
+		      const struct tokenbucket_reservation *rv, double tokens)
+{
+	(void)rv, (void)tokens;
+	struct tokenbucket_redis_lease *l = arg;
+	uint64_t want = l->inflight_want;
+	l->inflight = false;
+	if (l->closing) {
+		/* Closed meanwhile: what this call took goes straight back. */
+		if (err == 0 && res->allowed && !(res->flags & TOKENBUCKET_RESULT_LOCAL)) {
+			struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_REFUND,
+							    .key = l->key,
+							    .keylen = l->keylen,
+							    .limit = l->lim,
+							    .n = want };
+			tokenbucket_redis_async_start(l->a, &c, dropped, NULL);
+		}
+		lease_free(l);
+		return;
+	}
+	if (atomic_load_explicit(&l->ended, memory_order_acquire))
+		return; /* the client is closing: its calls end cancelled, nothing lands */
+	if (!l->second && err == 0) {
+		l->contended = contended_by(res, want);
+		if (!res->allowed && res->remaining > 0) {
+			/* Fewer than a chunk there: take what is, in a second try. */
+			err = refill_start(l, res->remaining < want ? res->remaining : want, true);
+			if (err == 0)
+				return;
+		}
+	}
+	int64_t t1 = mono_ns();
+	if (refill_landed(l, err, err == 0 ? res : NULL, want, l->inflight_t0, t1, l->contended) != 0)
+		l->next_refill = t1 + l->window_ns / 8;
+	async_schedule(l);
+}
+
+/* The lease's hook: a refill wanted and due, a window gone by. */
+static void lease_fire(struct tbr__async_hook *h)
+{
+	struct tokenbucket_redis_lease *l = lease_of_hook(h);
+	int64_t now = mono_ns();
+	if (now >= l->quiet_at) {
+		/* A whole window without a call: the key is quiet, its tokens go
+		 * back and the next lease starts small (as run() does). */
+		if (!atomic_load_explicit(&l->wanted, memory_order_relaxed) && !l->inflight &&
+		    !atomic_exchange_explicit(&l->busy, false, memory_order_relaxed) && held(l) > 0) {
+			give_back_async(l, false);
+			l->chunk = l->floor;
+			l->last_refill = 0;
+			atomic_store_explicit(&l->low, l->chunk / 2 + 1, memory_order_relaxed);
+		}
+		l->quiet_at = now + l->window_ns;
+	}
+	if (atomic_load_explicit(&l->wanted, memory_order_relaxed) && !l->inflight)
+		async_refill(l);
+	async_schedule(l);
+}
+
+/*
+ * The asynchronous client closes with the lease open: its calls are being
+ * cancelled, so what the lease holds cannot go back; it is dropped (lost
+ * to every client until the rate makes it again), and every later call on
+ * the lease is refused with -ESHUTDOWN.
+ */
+static void lease_hook_end(struct tbr__async_hook *h)
+{
+	struct tokenbucket_redis_lease *l = lease_of_hook(h);
+	collect(l, true);
+	atomic_store_explicit(&l->err, -ESHUTDOWN, memory_order_relaxed);
+	atomic_store_explicit(&l->ended, true, memory_order_release);
+}
+
+int tokenbucket_redis_async_lease_open(struct tokenbucket_redis_lease **lp,
+				       struct tokenbucket_redis_async *a, const void *key,
+				       size_t keylen, const struct tokenbucket_redis_limit *lim,
+				       double share, int64_t window_ns)
+{
+	if (lp == NULL || a == NULL)
+		return -EINVAL;
+	struct tokenbucket_redis_lease *l;
+	int err = lease_new(&l, key, keylen, lim, share, window_ns);
+	if (err != 0)
+		return err;
+	l->a = a;
+	l->hook.fire = lease_fire;
+	l->hook.end = lease_hook_end;
+	l->quiet_at = mono_ns() + window_ns;
+	tbr__async_hook_add(a, &l->hook);
+	async_schedule(l); /* the first lease is taken at once */
+	*lp = l;
+	return 0;
+}
+
+/* A caller wants a refill (wanted just set): the thread, or the loop, is told. */
+static void wake(struct tokenbucket_redis_lease *l)
+{
+	if (l->a != NULL) {
+		/* After the asynchronous client closed there is no loop to tell. */
+		if (!atomic_load_explicit(&l->ended, memory_order_acquire))
+			async_schedule(l);
+		return;
+	}
+	pthread_mutex_lock(&l->mu);
+	pthread_cond_signal(&l->cv);
+	pthread_mutex_unlock(&l->mu);
+}
+
 int tokenbucket_redis_lease_allow(struct tokenbucket_redis_lease *l, uint64_t n,
 				  struct tokenbucket_result *res)
 {
@@ -459,6 +721,8 @@ int tokenbucket_redis_lease_allow(struct tokenbucket_redis_lease *l, uint64_t n,
 		/* More than a lease holds: decided by Redis, call by call. */
 		if (atomic_load_explicit(&l->ended, memory_order_acquire))
 			return -ESHUTDOWN;
+		if (l->a != NULL)
+			return -E2BIG; /* a round trip would block the loop */
 		return tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, n, res);
 	}
 	struct tokenbucket_result lr;
@@ -467,11 +731,8 @@ int tokenbucket_redis_lease_allow(struct tokenbucket_redis_lease *l, uint64_t n,
 		atomic_store_explicit(&l->busy, true, memory_order_relaxed);
 	if (lr.remaining < atomic_load_explicit(&l->low, memory_order_relaxed) &&
 	    !atomic_load_explicit(&l->wanted, memory_order_relaxed) &&
-	    !atomic_exchange_explicit(&l->wanted, true, memory_order_relaxed)) {
-		pthread_mutex_lock(&l->mu);
-		pthread_cond_signal(&l->cv);
-		pthread_mutex_unlock(&l->mu);
-	}
+	    !atomic_exchange_explicit(&l->wanted, true, memory_order_relaxed))
+		wake(l);
 	if (!lr.allowed && !atomic_load_explicit(&l->starved, memory_order_relaxed))
 		atomic_store_explicit(&l->starved, true, memory_order_relaxed);
 	if (res != NULL) {
@@ -525,7 +786,16 @@ int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease *l)
 	if (l == NULL)
 		return 0;
 	int err = 0;
-	if (!atomic_load_explicit(&l->ended, memory_order_acquire)) {
+	if (atomic_load_explicit(&l->ended, memory_order_acquire)) {
+		/* all went back, or was dropped, when the client closed */
+	} else if (l->a != NULL) {
+		tbr__async_hook_remove(l->a, &l->hook);
+		err = give_back_async(l, true);
+		if (l->inflight) {
+			l->closing = true; /* on_refill frees l */
+			return err;
+		}
+	} else {
 		tbr__client_detach(l->r, &l->dep);
 		stop_thread(l);
 		err = give_back(l, true);
@@ -548,11 +818,8 @@ static int64_t refill_time(const struct tokenbucket_redis_lease *l, uint64_t nee
 static void ask(struct tokenbucket_redis_lease *l)
 {
 	atomic_store_explicit(&l->starved, true, memory_order_relaxed);
-	if (!atomic_exchange_explicit(&l->wanted, true, memory_order_relaxed)) {
-		pthread_mutex_lock(&l->mu);
-		pthread_cond_signal(&l->cv);
-		pthread_mutex_unlock(&l->mu);
-	}
+	if (!atomic_exchange_explicit(&l->wanted, true, memory_order_relaxed))
+		wake(l);
 }
 
 /*
@@ -720,6 +987,8 @@ int tokenbucket_redis_lease_wait(struct tokenbucket_redis_lease *l, uint64_t n, 
 {
 	if (l == NULL)
 		return -EINVAL;
+	if (l->a != NULL)
+		return -EDEADLK; /* its refills need the loop this would block */
 	int err = tb__cancel_check(cancel_fd);
 	if (err != 0)
 		return err;

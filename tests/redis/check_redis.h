@@ -54,6 +54,7 @@ Suite *redis_expiry_suite(void);
 Suite *redis_badinput_suite(void);
 Suite *redis_api_suite(void);
 Suite *redis_lease_suite(void);
+Suite *redis_lease_async_suite(void);
 /* The leases' fleet test (test_redis_lease.c) on srv, or on a cluster's seeds. */
 void lease_fleet(const char *const *seeds, size_t nseeds);
 Suite *redis_module_suite(void);

@@ -41,6 +41,14 @@ void loop_once(void)
 		uv_run(&uvloop, UV_RUN_ONCE);
 }
 
+void loop_poll(void)
+{
+	if (kind == LIBEVENT)
+		event_base_loop(base, EVLOOP_NONBLOCK);
+	else
+		uv_run(&uvloop, UV_RUN_NOWAIT);
+}
+
 void loop_fini(void)
 {
 	if (kind == LIBEVENT) {

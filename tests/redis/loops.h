@@ -17,6 +17,8 @@ void loop_init(void);
 struct tokenbucket_redis_async *async_open(struct tokenbucket_redis *r);
 /* One turn of the loop: waits for at least one event. */
 void loop_once(void);
+/* One turn of the loop that waits for nothing: what is ready runs. */
+void loop_poll(void);
 /* Frees the loop; its clients are closed first. */
 void loop_fini(void);
 /* Sanitizers and valgrind slow this process (not the servers) by up to this. */

@@ -7,7 +7,7 @@ int main(void)
 	Suite *const suites[] = { redis_diff_suite(), redis_faults_suite(),
 				  redis_concurrency_suite(), redis_expiry_suite(),
 				  redis_badinput_suite(), redis_api_suite(),
-				  redis_lease_suite(),
+				  redis_lease_suite(), redis_lease_async_suite(),
 #ifdef TOKENBUCKET_MODULE_PATH
 				  redis_module_suite(),
 #endif

@@ -4,7 +4,9 @@
  * its tokens back, and a fleet of 4 processes x 4 threads on one hot key
  * at 10^6 tokens/s keeps the limit (docs/leases.md) through a SIGKILL and
  * a Redis restart; reserve, cancel and wait on a lease give and give back
- * exactly; a client closed with leases open takes them down cleanly.
+ * exactly; a client closed with leases open takes them down cleanly.  The
+ * suite redis-lease-async does the same with the leases of asynchronous
+ * clients, driven by libevent and libuv loops.
  */
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -31,6 +33,7 @@
 #include <unistd.h>
 
 #include "check_redis.h"
+#include "loops.h"
 
 #define PROCS 4
 #define THREADS 4
@@ -275,6 +278,58 @@ static void process(const struct tokenbucket_redis_limit *lim, const struct plan
 	_exit(err == 0 ? 0 : 4);
 }
 
+/* Which leases the fleet's processes open: a thread's, or an asynchronous client's. */
+static bool fleet_async;
+
+/*
+ * A process of the fleet on one libevent loop: 64 allows, then a turn of
+ * the loop that waits for nothing (refills land, the lease's timer fires),
+ * and again.
+ */
+static void process_async(const struct tokenbucket_redis_limit *lim, const struct plan *p,
+			  struct tally *t)
+{
+	struct tokenbucket_redis *r;
+	struct tokenbucket_redis_lease *l;
+	if (fleet_client(&r) != 0)
+		_exit(2);
+	kind = LIBEVENT;
+	loop_init();
+	struct tokenbucket_redis_async *a = async_open(r);
+	if (tokenbucket_redis_async_lease_open(&l, a, KEY("hot"), lim, SHARE, WINDOW) != 0)
+		_exit(2);
+	while (tokenbucket_now() < p->start)
+		loop_poll();
+	long g = 0, late = 0, e = 0;
+	for (int64_t now; (now = tokenbucket_now()) < p->until; loop_poll()) {
+		for (int k = 0; k < 64; k++) {
+			struct tokenbucket_result res;
+			if (tokenbucket_redis_lease_allow(l, 1, &res) != 0) {
+				e++;
+			} else if (res.allowed && now >= p->start) {
+				g++;
+				late += now >= p->late_from;
+			}
+		}
+		if (g >= 1024) {
+			atomic_fetch_add(&t->granted, g);
+			atomic_fetch_add(&t->late, late);
+			g = late = 0;
+		}
+	}
+	atomic_fetch_add(&t->granted, g);
+	atomic_fetch_add(&t->late, late);
+	atomic_fetch_add(&t->errors, e);
+	int err = tokenbucket_redis_lease_close(l);
+	/* The give-back was written at once; let the loop read its answer. */
+	for (int64_t end = tokenbucket_now() + 20 * MS; tokenbucket_now() < end;)
+		loop_poll();
+	tokenbucket_redis_async_close(a);
+	loop_fini();
+	tokenbucket_redis_close(r);
+	_exit(err == 0 ? 0 : 4);
+}
+
 enum fault { NONE, KILL, RESTART };
 
 struct fleet {
@@ -325,6 +380,8 @@ static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
 		if (pids[i] == 0) {
 			tokenbucket_redis_close(cli);
 			cli = NULL;
+			if (fleet_async)
+				process_async(&lim, &f->p, &f->t[i]);
 			process(&lim, &f->p, &f->t[i]);
 		}
 	}
@@ -387,9 +444,12 @@ void lease_fleet(const char *const *seeds, size_t nseeds)
 	for (int i = 0; i < PROCS; i++)
 		if (atomic_load(&f.t[i].granted) < least)
 			least = atomic_load(&f.t[i].granted);
-	printf("%s lease fleet: %d x %d threads, %.0f tokens/s: %ld granted in %.3f s "
+	char each[16] = "1 loop";
+	if (!fleet_async)
+		snprintf(each, sizeof(each), "%d threads", THREADS);
+	printf("%s lease fleet: %d x %s, %.0f tokens/s: %ld granted in %.3f s "
 	       "(%.4f of rate x run), bound %.0f (%.4f used), least process %.3f of 1/%d\n",
-	       nseeds > 0 ? "cluster" : "redis", PROCS, THREADS, f.rate * 1e9, sum,
+	       nseeds > 0 ? "cluster" : "redis", PROCS, each, f.rate * 1e9, sum,
 	       (double)run_ns / 1e9, (double)sum / made, bound,
 	       (double)sum / bound, (double)least * PROCS / (double)sum, PROCS);
 	printf("  shares of 1/%d:", PROCS);
@@ -418,7 +478,7 @@ START_TEST(test_fleet)
 }
 END_TEST
 
-START_TEST(test_fleet_kill)
+static void fleet_kill(void)
 {
 	if (fleet_skipped())
 		return;
@@ -439,9 +499,14 @@ START_TEST(test_fleet_kill)
 	ck_assert_msg((double)late >= 0.95 * made - 2.0 * (double)f.cap, "survivors %ld of %.0f",
 		      late, made);
 }
+
+START_TEST(test_fleet_kill)
+{
+	fleet_kill();
+}
 END_TEST
 
-START_TEST(test_fleet_restart)
+static void fleet_restart(void)
 {
 	if (fleet_skipped())
 		return;
@@ -467,6 +532,11 @@ START_TEST(test_fleet_restart)
 	ck_assert_msg((double)late <= bound + 2.0 * PROCS * (double)f.cap, "granted %ld > %.0f",
 		      late, bound);
 	ck_assert_msg((double)late >= 0.95 * made, "granted %ld < 95%% of %.0f", late, made);
+}
+
+START_TEST(test_fleet_restart)
+{
+	fleet_restart();
 }
 END_TEST
 
@@ -1034,6 +1104,251 @@ START_TEST(test_wait_fleet)
 		ck_assert_msg((double)g >= 0.5 * made, "granted %ld < half of %.0f", g, made);
 }
 END_TEST
+
+/* ---- Leases of an asynchronous client ------------------------------------- */
+
+/* Turns the loop (waiting for nothing, 1 ms apart) until done() says so, at most 10 s. */
+static bool turn_until(bool (*done)(void *), void *arg)
+{
+	for (int64_t end = tokenbucket_now() + 10 * SEC * multiplier(); tokenbucket_now() < end;) {
+		loop_poll();
+		if (done(arg))
+			return true;
+		sleep_ns(MS);
+	}
+	return done(arg);
+}
+
+static bool holds_tokens(void *arg)
+{
+	uint64_t h = 0;
+	tokenbucket_redis_lease_tokens(arg, &h);
+	return h > 0;
+}
+
+struct level {
+	const char *key;
+	const struct tokenbucket_redis_limit *lim;
+	double want, v;
+};
+
+/* The shared bucket's level (through the blocking client) is want. */
+static bool level_is(void *arg)
+{
+	struct level *lv = arg;
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY(lv->key), lv->lim, &lv->v, NULL), 0);
+	return lv->v == lv->want;
+}
+
+static struct tokenbucket_redis_async *alease_a;
+
+static void alease_setup(void)
+{
+	redis_setup();
+	loop_init();
+	alease_a = async_open(cli);
+}
+
+static void alease_teardown(void)
+{
+	tokenbucket_redis_async_close(alease_a);
+	alease_a = NULL;
+	loop_fini();
+	redis_teardown();
+}
+
+static void setup_libevent(void)
+{
+	kind = LIBEVENT;
+	alease_setup();
+}
+
+static void setup_libuv(void)
+{
+	kind = LIBUV;
+	alease_setup();
+}
+
+START_TEST(test_async_open_refuses)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
+	struct tokenbucket_redis_lease *l = NULL;
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, NULL, KEY("k"), &lim, 0.5, SEC),
+			 -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(NULL, alease_a, KEY("k"), &lim, 0.5,
+							    SEC), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("k"), &lim, 2, SEC),
+			 -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("k"), &lim, 0.5,
+							    2 * 3600 * SEC), -ERANGE);
+	ck_assert_ptr_null(l);
+}
+END_TEST
+
+/*
+ * Rate 0, so that the shared bucket's level says exactly what came back:
+ * the lease spends locally, refuses what would block its loop, and its
+ * close gives the rest back through the loop.
+ */
+START_TEST(test_async_close_gives_back)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("g"), &lim, 0.5, SEC),
+			 0);
+	ck_assert(turn_until(holds_tokens, l));
+	long granted = 0;
+	struct tokenbucket_result res;
+	for (int i = 0; i < 37; i++) {
+		ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1, &res), 0);
+		granted += res.allowed;
+	}
+	ck_assert_int_gt(granted, 0);
+	/* Above cap (500) a round trip would block the loop; so would a wait. */
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 600, &res), -E2BIG);
+	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, -1), -EDEADLK);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	struct level lv = { .key = "g", .lim = &lim, .want = (double)(1000 - granted) };
+	ck_assert_msg(turn_until(level_is, &lv), "level %.17g after %ld granted", lv.v, granted);
+}
+END_TEST
+
+/* A whole window without a call: the loop's timer gives the tokens back. */
+START_TEST(test_async_quiet_gives_back)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("q"), &lim, 0.5,
+							    50 * MS), 0);
+	ck_assert(turn_until(holds_tokens, l));
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1, &res), 0);
+	long granted = res.allowed;
+	struct level lv = { .key = "q", .lim = &lim, .want = (double)(1000 - granted) };
+	ck_assert_msg(turn_until(level_is, &lv), "level %.17g, %ld granted", lv.v, granted);
+	uint64_t h = 1;
+	ck_assert_int_eq(tokenbucket_redis_lease_tokens(l, &h), 0);
+	ck_assert_uint_eq(h, 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	ck_assert(turn_until(level_is, &lv));
+}
+END_TEST
+
+/* Closed while its first refill is on its way: what that refill took comes back. */
+START_TEST(test_async_close_in_flight)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("f"), &lim, 0.5, SEC),
+			 0);
+	loop_poll(); /* the timer fires: the refill is sent */
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+	struct level lv = { .key = "f", .lim = &lim, .want = 1000 };
+	ck_assert_msg(turn_until(level_is, &lv), "level %.17g", lv.v);
+}
+END_TEST
+
+struct covered {
+	struct tokenbucket_redis_lease *l;
+	struct tokenbucket_reservation rv;
+};
+
+static bool is_covered(void *arg)
+{
+	struct covered *c = arg;
+	uint64_t missing = 1;
+	ck_assert_int_eq(tokenbucket_redis_lease_missing(c->l, &c->rv, &missing), 0);
+	return missing == 0;
+}
+
+/* A reservation queued before any token is there is covered by refills the loop makes. */
+START_TEST(test_async_reserve)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 1000, .period_ns = SEC,
+						     .burst = 1000 };
+	struct covered c;
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&c.l, alease_a, KEY("v"), &lim, 0.5,
+							    100 * MS), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(c.l, 30, TOKENBUCKET_NEVER, &c.rv), 0);
+	ck_assert_uint_eq(c.rv.tokens, 30);
+	ck_assert_uint_gt(c.rv.ticket, 0); /* nothing held yet: queued */
+	ck_assert(turn_until(is_covered, &c));
+	/* Given back whole: the lease holds them again. */
+	uint64_t before = 0, after = 0;
+	ck_assert_int_eq(tokenbucket_redis_lease_tokens(c.l, &before), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_cancel(c.l, &c.rv), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_tokens(c.l, &after), 0);
+	ck_assert_uint_eq(after, before + 30);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(c.l), 0);
+}
+END_TEST
+
+/* The asynchronous client closed first: the lease refuses, then frees. */
+START_TEST(test_async_client_closed_first)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("c"), &lim, 0.5, SEC),
+			 0);
+	ck_assert(turn_until(holds_tokens, l));
+	tokenbucket_redis_async_close(alease_a);
+	alease_a = NULL;
+	struct tokenbucket_result res;
+	ck_assert_int_eq(tokenbucket_redis_lease_allow(l, 1, &res), 0);
+	ck_assert(!res.allowed);
+	uint64_t h = 1;
+	ck_assert_int_eq(tokenbucket_redis_lease_tokens(l, &h), -ESHUTDOWN);
+	ck_assert_uint_eq(h, 0);
+	struct tokenbucket_reservation rv;
+	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, TOKENBUCKET_NEVER, &rv), -ESHUTDOWN);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+}
+END_TEST
+
+START_TEST(test_async_fleet)
+{
+	fleet_async = true;
+	lease_fleet(NULL, 0);
+	fleet_async = false;
+}
+END_TEST
+
+START_TEST(test_async_fleet_kill)
+{
+	fleet_async = true;
+	fleet_kill();
+	fleet_async = false;
+}
+END_TEST
+
+START_TEST(test_async_fleet_restart)
+{
+	fleet_async = true;
+	fleet_restart();
+	fleet_async = false;
+}
+END_TEST
+
+Suite *redis_lease_async_suite(void)
+{
+	Suite *s = suite_create("redis-lease-async");
+	const TTest *const units[] = { test_async_open_refuses, test_async_close_gives_back,
+				       test_async_quiet_gives_back, test_async_close_in_flight,
+				       test_async_reserve, test_async_client_closed_first, NULL };
+	for (int k = 0; k < 2; k++) {
+		TCase *tc = tcase_create(k == 0 ? "libevent" : "libuv");
+		tcase_add_checked_fixture(tc, k == 0 ? setup_libevent : setup_libuv,
+					  alease_teardown);
+		tcase_set_timeout(tc, 60);
+		for (int i = 0; units[i] != NULL; i++)
+			tcase_add_test(tc, units[i]);
+		suite_add_tcase(s, tc);
+	}
+	redis_tcase(s, "fleet", redis_setup, 60,
+		    (const TTest *const[]){ test_async_fleet, test_async_fleet_kill,
+					    test_async_fleet_restart, NULL });
+	return s;
+}
 
 Suite *redis_lease_suite(void)
 {
