@@ -8,7 +8,8 @@
  *   tokenbucket_zone zone=NAME:SIZE | zone=NAME keys=N  rate=R [burst=B]
  *                    [full=closed|open|evict];                      (http)
  *   tokenbucket_zone zone=NAME redis=URL | cluster=SEED[,SEED...]  rate=R
- *                    [burst=B] [prefix=P] [fallback=SHARE] [timeout=T];
+ *                    [burst=B] [prefix=P] [fallback=SHARE] [timeout=T]
+ *                    [lease=WINDOW [lease_share=F] [lease_hot=N] [lease_keys=N]];
  *   tokenbucket zone=NAME key=VALUE [cost=VALUE] [delay=TIME];
  *   tokenbucket_status CODE;  tokenbucket_dry_run on|off;
  *   tokenbucket_headers on|off;  tokenbucket_log_level LEVEL;
@@ -27,6 +28,10 @@
  * a reply returns NGX_AGAIN and is resumed by a posted event from the
  * reply's callback; the worker never blocks.  Both kinds follow the same
  * per-request protocol: decide, reserve with a bound, give back on refusal.
+ * With lease=, a key that turns hot in a worker (lease_hot requests within
+ * a second) gets a lease of that worker's asynchronous client: its
+ * requests decided at once (the last limit of a location, without delay=)
+ * are then decided from the tokens leased, with no round trip.
  */
 #include <ngx_config.h>
 #include <ngx_core.h>
@@ -53,6 +58,13 @@
 /* Seeds of cluster= at most (the library's own limit is 1024). */
 #define NGX_HTTP_TB_SEEDS_MAX 64
 
+/* lease=: the defaults of lease_share=, lease_hot= and lease_keys=. */
+#define NGX_HTTP_TB_LEASE_SHARE 0.25
+#define NGX_HTTP_TB_LEASE_HOT 10
+#define NGX_HTTP_TB_LEASE_KEYS 64
+/* Candidates for a lease counted per leased key (their counters, direct-mapped). */
+#define NGX_HTTP_TB_HEAT_PER_KEY 4
+
 typedef struct ngx_http_tokenbucket_engine_s ngx_http_tokenbucket_engine_t;
 
 typedef struct {
@@ -74,7 +86,29 @@ typedef struct {
 	double fallback;   /* share of the limit each worker grants while Redis is down; 0: off */
 	ngx_msec_t timeout;
 	ngx_http_tokenbucket_engine_t *engine; /* this worker's, from init_process */
+
+	/* lease= (a Redis zone): hot keys decided from leases; 0: none. */
+	int64_t lease_window_ns;
+	double lease_share;
+	ngx_uint_t lease_hot;  /* requests within a second in a worker that make a key hot */
+	ngx_uint_t lease_keys; /* leases a worker keeps at most, the least recently used closed */
 } ngx_http_tokenbucket_zone_t;
+
+/* A key a worker holds a lease on. */
+typedef struct {
+	struct tokenbucket_redis_lease *lease; /* NULL: a free entry */
+	ngx_uint_t hash;
+	u_char *key; /* a copy, ngx_alloc'd */
+	size_t len;
+	ngx_msec_t used;
+} ngx_http_tokenbucket_leased_t;
+
+/* Requests on the keys of one hash bucket within the second from since. */
+typedef struct {
+	ngx_uint_t hash;
+	ngx_msec_t since;
+	ngx_uint_t count;
+} ngx_http_tokenbucket_heat_t;
 
 /*
  * A worker's asynchronous client for one Redis zone.  Only the worker's
@@ -89,6 +123,9 @@ struct ngx_http_tokenbucket_engine_s {
 	ngx_uint_t inflight;                    /* calls started, not yet completed */
 	ngx_log_t *log;
 	unsigned closing:1;                     /* exit_process: no request is resumed */
+	unsigned lease_failed:1;                /* a lease could not be opened (logged once) */
+	ngx_http_tokenbucket_leased_t *leased;  /* lease_keys of them, with lease= */
+	ngx_http_tokenbucket_heat_t *heat;      /* lease_keys * NGX_HTTP_TB_HEAT_PER_KEY */
 };
 
 typedef struct {
@@ -406,6 +443,37 @@ static char *ngx_http_tokenbucket_redis_zone(ngx_conf_t *cf, ngx_http_tokenbucke
 	}
 	if (z->timeout == 0)
 		z->timeout = NGX_HTTP_TB_REDIS_TIMEOUT;
+	if (z->lease_window_ns == 0 && (z->lease_share != 0 || z->lease_hot != 0 ||
+					z->lease_keys != 0)) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+				   "tokenbucket_zone \"%V\": lease_share=, lease_hot= and "
+				   "lease_keys= need lease=", &z->name);
+		return NGX_CONF_ERROR;
+	}
+	if (z->lease_window_ns != 0) {
+		if (z->lease_share == 0)
+			z->lease_share = NGX_HTTP_TB_LEASE_SHARE;
+		if (z->lease_hot == 0)
+			z->lease_hot = NGX_HTTP_TB_LEASE_HOT;
+		if (z->lease_keys == 0)
+			z->lease_keys = NGX_HTTP_TB_LEASE_KEYS;
+		/* What tokenbucket_redis_lease_open(3) refuses, said here. */
+		long double made = (long double)z->tokens * (long double)z->lease_window_ns /
+				   (long double)z->period_ns;
+		long double cap = (long double)z->lease_share * (long double)z->burst;
+		if (made * 3 / 8 >= (long double)z->burst) {
+			ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+					   "tokenbucket_zone \"%V\": the rate makes a burst or more "
+					   "in 3/8 of lease=: shorten it or raise burst=", &z->name);
+			return NGX_CONF_ERROR;
+		}
+		if (cap < 1 || made < 1) {
+			ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+					   "tokenbucket_zone \"%V\": a lease would hold less than a "
+					   "token: raise lease=, lease_share= or burst=", &z->name);
+			return NGX_CONF_ERROR;
+		}
+	}
 	/*
 	 * A small shared zone names the zone for "tokenbucket zone=NAME" as a
 	 * table's does; nothing is kept in it, so it never outlives a cycle.
@@ -524,6 +592,41 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 			z->timeout = (ngx_msec_t)ms;
 			continue;
 		}
+		if (ngx_strncmp(v.data, "lease=", 6) == 0) {
+			ngx_str_t t = { v.len - 6, v.data + 6 };
+			ngx_int_t ms = ngx_parse_time(&t, 0);
+			if (ms == NGX_ERROR || ms == 0 || ms > 3600000)
+				return ngx_http_tokenbucket_param(cf, &v, "lease window",
+								  "not a time in (0, 1h]");
+			z->lease_window_ns = (int64_t)ms * 1000000;
+			continue;
+		}
+		if (ngx_strncmp(v.data, "lease_share=", 12) == 0) {
+			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 12)) == NULL)
+				return NGX_CONF_ERROR;
+			char *end;
+			errno = 0;
+			z->lease_share = strtod(s, &end);
+			if (errno != 0 || end == s || *end != '\0' || !(z->lease_share > 0) ||
+			    z->lease_share > 1)
+				return ngx_http_tokenbucket_param(cf, &v, "lease_share",
+								  "a share of the burst in (0, 1]");
+			continue;
+		}
+		if (ngx_strncmp(v.data, "lease_hot=", 10) == 0 ||
+		    ngx_strncmp(v.data, "lease_keys=", 11) == 0) {
+			int hot = v.data[6] == 'h';
+			ngx_str_t n = { v.len - (hot ? 10 : 11), v.data + (hot ? 10 : 11) };
+			ngx_int_t x = ngx_atoi(n.data, n.len);
+			if (x == NGX_ERROR || x < 1 || x > 1000000)
+				return ngx_http_tokenbucket_param(cf, &v, hot ? "lease_hot" : "lease_keys",
+								  "not a count in [1, 1000000]");
+			if (hot)
+				z->lease_hot = (ngx_uint_t)x;
+			else
+				z->lease_keys = (ngx_uint_t)x;
+			continue;
+		}
 		if (ngx_strcmp(v.data, "full=closed") == 0) {
 			z->flags = 0;
 			continue;
@@ -539,7 +642,8 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 		return ngx_http_tokenbucket_param(cf, &v, "parameter",
 						  "expected zone=, rate=, burst=, keys=, "
 						  "full=closed|open|evict, redis=, cluster=, "
-						  "prefix=, fallback= or timeout=");
+						  "prefix=, fallback=, timeout=, lease=, lease_share=, "
+						  "lease_hot= or lease_keys=");
 	}
 	if (name.len == 0) {
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone: no zone=NAME");
@@ -553,10 +657,12 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 		z->name = name;
 		return ngx_http_tokenbucket_redis_zone(cf, z, size, keys);
 	}
-	if (z->prefix.data != NULL || z->fallback != 0 || z->timeout != 0) {
+	if (z->prefix.data != NULL || z->fallback != 0 || z->timeout != 0 ||
+	    z->lease_window_ns != 0 || z->lease_share != 0 || z->lease_hot != 0 ||
+	    z->lease_keys != 0) {
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-				   "tokenbucket_zone \"%V\": prefix=, fallback= and timeout= "
-				   "need redis= or cluster=", &name);
+				   "tokenbucket_zone \"%V\": prefix=, fallback=, timeout= and "
+				   "lease= need redis= or cluster=", &name);
 		return NGX_CONF_ERROR;
 	}
 	if ((size == 0) == (keys == 0)) {
@@ -899,6 +1005,15 @@ static ngx_int_t ngx_http_tokenbucket_engine_open(ngx_cycle_t *cycle,
 		rc = tokenbucket_redis_set_fallback(e->client, z->fallback);
 	if (rc == 0)
 		rc = tokenbucket_redis_async_open(&e->async, e->client, &loop);
+	if (rc == 0 && z->lease_window_ns > 0) {
+		e->leased = ngx_pcalloc(cycle->pool, z->lease_keys * sizeof(*e->leased));
+		e->heat = ngx_pcalloc(cycle->pool, z->lease_keys * NGX_HTTP_TB_HEAT_PER_KEY *
+							   sizeof(*e->heat));
+		if (e->leased == NULL || e->heat == NULL) {
+			tokenbucket_redis_async_close(e->async);
+			rc = -ENOMEM;
+		}
+	}
 	if (rc != 0) {
 		ngx_log_error(NGX_LOG_EMERG, cycle->log, -rc,
 			      "tokenbucket_zone \"%V\": cannot open the Redis client", &z->name);
@@ -906,6 +1021,104 @@ static ngx_int_t ngx_http_tokenbucket_engine_open(ngx_cycle_t *cycle,
 		return NGX_ERROR;
 	}
 	z->engine = e;
+	return NGX_OK;
+}
+
+/* Closes a worker's leases on a zone: each gives its unused tokens back. */
+static void ngx_http_tokenbucket_leases_close(ngx_http_tokenbucket_engine_t *e)
+{
+	ngx_uint_t i;
+
+	for (i = 0; e->leased != NULL && i < e->zone->lease_keys; i++) {
+		if (e->leased[i].lease == NULL)
+			continue;
+		tokenbucket_redis_lease_close(e->leased[i].lease);
+		ngx_free(e->leased[i].key);
+		e->leased[i].lease = NULL;
+	}
+}
+
+/*
+ * The lease of key k in this worker, once k is hot (lease_hot requests
+ * within a second); NULL before.  Making one closes the least recently
+ * used lease when lease_keys are open (its tokens go back).
+ */
+static struct tokenbucket_redis_lease *ngx_http_tokenbucket_lease_of(
+	ngx_http_tokenbucket_engine_t *e, ngx_str_t *k)
+{
+	ngx_http_tokenbucket_zone_t *z = e->zone;
+	ngx_http_tokenbucket_leased_t *l, *victim = NULL;
+	ngx_http_tokenbucket_heat_t *h;
+	ngx_uint_t i, hash = ngx_hash_key(k->data, k->len);
+	ngx_msec_t now = ngx_current_msec;
+
+	for (i = 0; i < z->lease_keys; i++) {
+		l = &e->leased[i];
+		if (l->lease != NULL && l->hash == hash && l->len == k->len &&
+		    ngx_memcmp(l->key, k->data, k->len) == 0) {
+			l->used = now;
+			return l->lease;
+		}
+		if (victim == NULL ||
+		    (victim->lease != NULL && (l->lease == NULL || l->used < victim->used)))
+			victim = l;
+	}
+	h = &e->heat[hash % (z->lease_keys * NGX_HTTP_TB_HEAT_PER_KEY)];
+	if (h->hash != hash || now - h->since >= 1000) {
+		h->hash = hash;
+		h->since = now;
+		h->count = 0;
+	}
+	if (++h->count < z->lease_hot)
+		return NULL;
+	h->count = 0;
+	/* Hot: its lease takes a free entry or the least recently used one's. */
+	if (victim->lease != NULL) {
+		tokenbucket_redis_lease_close(victim->lease);
+		ngx_free(victim->key);
+		victim->lease = NULL;
+	}
+	victim->key = ngx_alloc(k->len > 0 ? k->len : 1, e->log);
+	if (victim->key == NULL)
+		return NULL;
+	ngx_memcpy(victim->key, k->data, k->len);
+	struct tokenbucket_redis_limit lim = { z->tokens, z->period_ns, z->burst };
+	int rc = tokenbucket_redis_async_lease_open(&victim->lease, e->async, k->data, k->len, &lim,
+						    z->lease_share, z->lease_window_ns);
+	if (rc != 0) {
+		if (!e->lease_failed)
+			ngx_log_error(NGX_LOG_ERR, e->log, -rc,
+				      "tokenbucket_zone \"%V\": cannot open a lease", &z->name);
+		e->lease_failed = 1;
+		ngx_free(victim->key);
+		victim->lease = NULL;
+		return NULL;
+	}
+	victim->hash = hash;
+	victim->len = k->len;
+	victim->used = now;
+	/* Its first chunk is on its way: this request goes to Redis. */
+	return NULL;
+}
+
+/*
+ * A request on a hot key of a Redis zone with lease=, decided from its
+ * lease: NGX_OK with *res, or NGX_DECLINED to go to Redis call by call (no
+ * lease yet, a cost above a chunk, or Redis failing the lease's refills,
+ * when the fallback must decide).
+ */
+static ngx_int_t ngx_http_tokenbucket_leased(ngx_http_tokenbucket_zone_t *z, ngx_str_t *k,
+					     uint64_t cost, struct tokenbucket_result *res)
+{
+	struct tokenbucket_redis_lease *l;
+	uint64_t held;
+
+	if (z->lease_window_ns == 0 || z->engine == NULL)
+		return NGX_DECLINED;
+	l = ngx_http_tokenbucket_lease_of(z->engine, k);
+	if (l == NULL || tokenbucket_redis_lease_tokens(l, &held) != 0 ||
+	    tokenbucket_redis_lease_allow(l, cost, res) != 0)
+		return NGX_DECLINED;
 	return NGX_OK;
 }
 
@@ -956,7 +1169,12 @@ static void ngx_http_tokenbucket_exit_process(ngx_cycle_t *cycle)
 	while ((z = ngx_http_tokenbucket_next_redis(cycle, &part, &i)) != NULL) {
 		if (z->engine == NULL)
 			continue;
-		/* Calls in flight complete with -ECANCELED; their requests end with the worker. */
+		/*
+		 * The leases give back first: their refunds are written at once and
+		 * run in Redis although the connection closes right after.  Calls in
+		 * flight complete with -ECANCELED; their requests end with the worker.
+		 */
+		ngx_http_tokenbucket_leases_close(z->engine);
 		z->engine->closing = 1;
 		tokenbucket_redis_async_close(z->engine->async);
 		tokenbucket_redis_close(z->engine->client);
@@ -1247,7 +1465,11 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 			continue; /* as limit_req: an empty key is not limited */
 		max_wait = (int64_t)limits[i].delay * 1000000;
 		last = i == n - 1 && max_wait == 0;
-		if (z->nseeds > 0) {
+		if (z->nseeds > 0 && !ctx->replied && last &&
+		    ngx_http_tokenbucket_leased(z, k, cost, &res) == NGX_OK) {
+			if (!res.allowed)
+				goto refused;
+		} else if (z->nseeds > 0) {
 			if (!ctx->replied) {
 				rc = ngx_http_tokenbucket_ask(r, ctx, z, i,
 							      last ? TOKENBUCKET_REDIS_ALLOW

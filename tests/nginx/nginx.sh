@@ -180,6 +180,38 @@ reload_nginx() {
 	sleep 1
 }
 
+# two_nginx ZONES LOCATIONS [DIR ...]: the group's nginx and a second one
+# (prefix $prefix/b, port $port2) on the same configuration, each with
+# DIR/index.html under its root.
+two_nginx() {
+	local zones=$1 locs=$2 d
+	shift 2
+	port2=$("$client" port)
+	mkdir -p "$prefix/b/tmp"
+	for d in "" "$@"; do
+		mkdir -p "$prefix/html/$d" "$prefix/b/html/$d"
+		echo hello >"$prefix/html/$d/index.html"
+		echo hello >"$prefix/b/html/$d/index.html"
+	done
+	write_conf "$zones" "$locs"
+	write_conf "$zones" "$locs" "$prefix/b" "$port2"
+	sed -i "s|root $prefix/html|root $prefix/b/html|" "$prefix/b/nginx.conf"
+	start_nginx
+	start_nginx "$prefix/b" "$port2"
+}
+
+# both_clients PATH N INTERVAL_US HEADER: one client on each of two_nginx's
+# at once; their lines in $prefix/c1.out and c2.out, and all sorted in $all.
+both_clients() {
+	local c1 c2
+	get "$1" "$2" "$3" "$4" >"$prefix/c1.out" &
+	c1=$!
+	"$client" "$port2" "$2" "$3" "$1" "$4" >"$prefix/c2.out" &
+	c2=$!
+	wait "$c1" "$c2"
+	all=$(sort -n "$prefix/c1.out" "$prefix/c2.out")
+}
+
 # check_delays WHAT: 11 requests on /delay/ (10r/s, burst 1, delay=5s) are
 # all served, and none before the rate made their tokens.
 check_delays() {
@@ -402,21 +434,8 @@ redis-share)
 		}
 		location /rr2/ { tokenbucket zone=rr2 key=\$http_x_key; }
 		location /slow/ { tokenbucket zone=rs key=\$http_x_key delay=500ms; }"
-	port2=$("$client" port)
-	mkdir -p "$prefix/b/html/a" "$prefix/b/tmp"
-	echo hello >"$prefix/b/html/index.html"
-	echo hello >"$prefix/b/html/a/index.html"
-	write_conf "$zones" "$locs"
-	write_conf "$zones" "$locs" "$prefix/b" "$port2"
-	sed -i "s|root $prefix/html|root $prefix/b/html|" "$prefix/b/nginx.conf"
-	start_nginx
-	start_nginx "$prefix/b" "$port2"
-	get /a/ 150 20000 "X-Key: shared" >"$prefix/c1.out" &
-	c1=$!
-	"$client" "$port2" 150 20000 /a/ "X-Key: shared" >"$prefix/c2.out" &
-	c2=$!
-	wait "$c1" "$c2"
-	all=$(sort -n "$prefix/c1.out" "$prefix/c2.out")
+	two_nginx "$zones" "$locs" a
+	both_clients /a/ 150 20000 "X-Key: shared"
 	# Decisions are made at Redis's time, up to a round trip after the send:
 	# the lower bound allows a second's worth for a loaded machine.
 	check "two nginx on one Redis key within 10 + 20/s" within_bound "$all" 10 20 1000000000 20
@@ -469,6 +488,42 @@ redis-share)
 	done
 	check "the old workers exited" test "$(grep -c 'exited with code 0' "$prefix/error.log")" -ge 2
 	check "and left no socket open" not_in_log 'open socket|left in connection'
+	;;
+redis-lease)
+	# A hot key of a Redis zone with lease=: two nginx (two workers each)
+	# decide it from their leases, within the shared bound, with a fraction
+	# of the round trips; Redis paused: the lease's refills fail and the
+	# fallback decides.
+	start_redis
+	r="redis=redis://127.0.0.1:$redis_port timeout=300ms fallback=0.5"
+	zones="
+	tokenbucket_zone zone=h $r rate=400r/s burst=100 lease=100ms lease_hot=5;"
+	locs="
+		location /h/ { tokenbucket zone=h key=\$http_x_key; }"
+	two_nginx "$zones" "$locs" h
+	rcli config resetstat >/dev/null
+	both_clients /h/ 1500 500 "X-Key: hot"
+	calls=$(rcli info commandstats |
+		awk -F'[:=,]' '/^cmdstat_(evalsha|eval|fcall|tokenbucket)/ { n += $3 } END { print n + 0 }')
+	decisions=$(wc -l <<<"$all")
+	echo "  $decisions decisions, $calls calls to Redis, $(count 200 <<<"$all") granted"
+	# Each of the 4 workers holds at most 2 x 25 tokens unused (cap: a
+	# quarter of the burst): the lower bound allows all of them, and the
+	# first requests that made the key hot.
+	check "leased grants of two nginx within 100 + 400/s" within_bound "$all" 100 400 1000000000 300
+	check "no errors" test "$(awk '$2 != 200 && $2 != 429' <<<"$all" | wc -l)" = 0
+	check "at most a quarter as many Redis calls as decisions" test $((calls * 4)) -le "$decisions"
+	# Redis paused: a lease with tokens decides, then its refill times out
+	# and the fallback decides call by call; no request fails.
+	kill -STOP "$redis"
+	out=$(get /h/ 15 20000 "X-Key: hot")
+	kill -CONT "$redis"
+	check "Redis paused: every request decided" \
+		test "$(awk '$2 != 200 && $2 != 429' <<<"$out" | wc -l)" = 0
+	check "Redis paused: some granted" test "$(count 200 <<<"$out")" -gt 0
+	check "back: the leased key is decided again" \
+		test "$(get /h/ 20 5000 "X-Key: hot" | awk '$2 != 200 && $2 != 429' | wc -l)" = 0
+	check "log: no lease failed to open" not_in_log 'cannot open a lease'
 	;;
 redis-down)
 	# Redis paused, then killed mid-run: the fallback decides (share 0.5 of
@@ -574,11 +629,27 @@ config)
 		tokenbucket_zone '"r"' 'need redis= or cluster='
 	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s burst=5000000000000000000;" "" \
 		tokenbucket_zone '"r"' 'burst'
+	bad "tokenbucket_zone zone=r keys=10 rate=1r/s lease=1s;" "" \
+		tokenbucket_zone '"r"' 'lease= need redis= or cluster='
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s burst=10 lease_hot=3;" "" \
+		tokenbucket_zone '"r"' 'need lease='
+	bad "tokenbucket_zone zone=r redis=redis://a rate=100r/s burst=10 lease=1s;" "" \
+		tokenbucket_zone '"r"' 'a burst or more in 3/8 of lease='
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s burst=10 lease=100ms;" "" \
+		tokenbucket_zone '"r"' 'less than a token'
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s burst=10 lease=2h;" "" \
+		tokenbucket_zone 'lease=2h' 'not a time in (0, 1h]'
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s burst=10 lease=1s lease_share=0;" "" \
+		tokenbucket_zone 'lease_share=0'
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s burst=10 lease=1s lease_keys=0;" "" \
+		tokenbucket_zone 'lease_keys=0'
 	write_conf "$z" "$l"
 	check "a good configuration passes nginx -t" \
 		eval '(run_nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/t.log")'
 	write_conf "$z tokenbucket_zone zone=r redis=redis://127.0.0.1:1 rate=2.5r/min burst=3
 		\"prefix={api}:\" fallback=0.25 timeout=50ms;
+	tokenbucket_zone zone=hl redis=redis://127.0.0.1:1 rate=100r/s burst=50 lease=200ms
+		lease_share=0.5 lease_hot=3 lease_keys=16;
 	tokenbucket_zone zone=c cluster=redis://127.0.0.1:1,redis://127.0.0.1:2 rate=1MB/s;" \
 		"$l location /r/ { tokenbucket zone=r key=\$http_x_key; tokenbucket zone=c key=x; }"
 	check "Redis zones pass nginx -t (no server needed)" \
