@@ -280,6 +280,8 @@ static void process(const struct tokenbucket_redis_limit *lim, const struct plan
 
 /* Which leases the fleet's processes open: a thread's, or an asynchronous client's. */
 static bool fleet_async;
+/* The fault of a RESTART run on a cluster: its primary of the hot key killed, a replica promoted. */
+static void (*fleet_failover)(void);
 
 /*
  * A process of the fleet on one libevent loop: 64 allows, then a turn of
@@ -393,8 +395,18 @@ static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
 		if (fault == KILL) {
 			ck_assert_int_eq(kill(pids[PROCS - 1], SIGKILL), 0);
 		} else {
-			ck_assert_int_eq(server_restart(&srv), 0);
-			t0 = T0(); /* a new bucket: the bound starts again */
+			if (fleet_failover != NULL) {
+				/*
+				 * The replica promoted has the bucket it had (up to the
+				 * replication lag): at most burst then, whenever that
+				 * was after the kill.
+				 */
+				t0 = T0();
+				fleet_failover(); /* returns once the cluster settled */
+			} else {
+				ck_assert_int_eq(server_restart(&srv), 0);
+				t0 = T0(); /* a new bucket: the bound starts again */
+			}
 			f->back = tokenbucket_now();
 		}
 	}
@@ -478,6 +490,26 @@ START_TEST(test_fleet)
 }
 END_TEST
 
+static void fleet_kill(void);
+static void fleet_restart(int64_t run_ns);
+
+void lease_fleet_kill(const char *const *seeds, size_t nseeds)
+{
+	fleet_seeds = seeds;
+	fleet_nseeds = nseeds;
+	fleet_kill();
+}
+
+void lease_fleet_failover(const char *const *seeds, size_t nseeds, void (*failover)(void))
+{
+	fleet_seeds = seeds;
+	fleet_nseeds = nseeds;
+	fleet_failover = failover;
+	/* Long enough for the cluster to notice, elect and settle within the second half. */
+	fleet_restart(6 * SEC);
+	fleet_failover = NULL;
+}
+
 static void fleet_kill(void)
 {
 	if (fleet_skipped())
@@ -494,8 +526,9 @@ static void fleet_kill(void)
 	 * in the second half, 95% of it, less the killed lease's 2 cap. */
 	long late = late_total(&f, PROCS - 1);
 	double made = f.rate * (double)(run_ns / 2);
-	printf("redis lease kill: survivors granted %ld in the second half, %.4f of rate x time; "
-	       "lost at most 2 cap = %" PRIu64 "\n", late, (double)late / made, 2 * f.cap);
+	printf("%s lease kill: survivors granted %ld in the second half, %.4f of rate x time; "
+	       "lost at most 2 cap = %" PRIu64 "\n", fleet_nseeds > 0 ? "cluster" : "redis", late,
+	       (double)late / made, 2 * f.cap);
 	ck_assert_msg((double)late >= 0.95 * made - 2.0 * (double)f.cap, "survivors %ld of %.0f",
 		      late, made);
 }
@@ -506,12 +539,11 @@ START_TEST(test_fleet_kill)
 }
 END_TEST
 
-static void fleet_restart(void)
+static void fleet_restart(int64_t run_ns)
 {
 	if (fleet_skipped())
 		return;
 	struct fleet f;
-	const int64_t run_ns = 1500 * MS;
 	run_fleet(&f, RESTART, run_ns);
 	const struct tokenbucket_redis_limit lim = fleet_limit();
 	/* Every process leases again from the new server. */
@@ -527,8 +559,10 @@ static void fleet_restart(void)
 	 * the new server's first answer. */
 	int64_t from = f.back > f.p.late_from ? f.back : f.p.late_from;
 	double made = f.rate * (double)(f.p.until - from);
-	printf("redis lease restart: %ld granted in the second half (%.4f of rate x time), "
-	       "bound since the restart %.0f\n", late, (double)late / made, bound);
+	printf("%s: %ld granted in the second half (%.4f of rate x time), "
+	       "bound since the %s %.0f\n", fleet_failover ? "cluster lease failover" :
+	       "redis lease restart", late, (double)late / made,
+	       fleet_failover ? "failover" : "restart", bound);
 	ck_assert_msg((double)late <= bound + 2.0 * PROCS * (double)f.cap, "granted %ld > %.0f",
 		      late, bound);
 	ck_assert_msg((double)late >= 0.95 * made, "granted %ld < 95%% of %.0f", late, made);
@@ -536,7 +570,7 @@ static void fleet_restart(void)
 
 START_TEST(test_fleet_restart)
 {
-	fleet_restart();
+	fleet_restart(1500 * MS);
 }
 END_TEST
 
@@ -1324,7 +1358,7 @@ END_TEST
 START_TEST(test_async_fleet_restart)
 {
 	fleet_async = true;
-	fleet_restart();
+	fleet_restart(1500 * MS);
 	fleet_async = false;
 }
 END_TEST
