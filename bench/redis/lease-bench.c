@@ -7,6 +7,8 @@
  *   calls  on the key in Redis, a round trip per decision;
  *   lease  on the key through a lease (tokenbucket_redis_lease_*), so that
  *          the processes share one exact limit;
+ *   reserve  the same through lease_reserve(1, max_wait 0), kept;
+ *   wait   the same through lease_wait(1), at most 10 ms each;
  *   cold   on random keys out of KEYS (default 10^5) at 10 tokens/s, call
  *          by call;
  *   coldlease  the same while the client holds a lease on the hot key
@@ -52,6 +54,7 @@ static int one(const char *url, const char *mode, int64_t run_ns, long keys, int
 	struct tokenbucket_redis_lease *l = NULL;
 	struct tokenbucket *tb = NULL;
 	bool is_local = strcmp(mode, "local") == 0, is_lease = strcmp(mode, "lease") == 0;
+	bool is_reserve = strcmp(mode, "reserve") == 0, is_wait = strcmp(mode, "wait") == 0;
 	bool is_cold = strncmp(mode, "cold", 4) == 0;
 	bool cold_lease = strcmp(mode, "coldlease") == 0;
 	if (is_local) {
@@ -60,7 +63,7 @@ static int one(const char *url, const char *mode, int64_t run_ns, long keys, int
 	} else {
 		if (tokenbucket_redis_open(&r, url, 1000000000, 1000000000) != 0)
 			return 2;
-		if ((is_lease || cold_lease) &&
+		if ((is_lease || is_reserve || is_wait || cold_lease) &&
 		    tokenbucket_redis_lease_open(&l, r, "hot", 3, &hot, 0.25, 5000000) != 0)
 			return 2;
 	}
@@ -81,6 +84,14 @@ static int one(const char *url, const char *mode, int64_t run_ns, long keys, int
 			ok = tokenbucket_allow(tb, 1);
 		} else if (is_lease) {
 			ok = tokenbucket_redis_lease_allow(l, 1, &res) == 0 && res.allowed;
+		} else if (is_reserve) {
+			/* Only what the lease holds (max_wait 0): kept, as an allow's grant. */
+			struct tokenbucket_reservation rv;
+			ok = tokenbucket_redis_lease_reserve(l, 1, 0, &rv) == 0;
+		} else if (is_wait) {
+			/* Sleeps for a refill when the lease is empty, at most 10 ms. */
+			ok = tokenbucket_redis_lease_wait(l, 1, clock_ns(CLOCK_MONOTONIC) + 10000000,
+							  -1) == 0;
 		} else if (is_cold) {
 			seed = seed * 6364136223846793005u + 1442695040888963407u;
 			int n = snprintf(key, sizeof(key), "cold:%" PRIu64, (seed >> 33) % (uint64_t)keys);
@@ -102,7 +113,7 @@ static int one(const char *url, const char *mode, int64_t run_ns, long keys, int
 int main(int argc, char **argv)
 {
 	if (argc < 5 || argc > 6) {
-		fprintf(stderr, "usage: %s URL local|calls|lease|cold|coldlease PROCS SECONDS [KEYS]\n", argv[0]);
+		fprintf(stderr, "usage: %s URL local|calls|lease|reserve|wait|cold|coldlease PROCS SECONDS [KEYS]\n", argv[0]);
 		return 2;
 	}
 	const char *url = argv[1], *mode = argv[2];
