@@ -20,14 +20,16 @@
  *
  * Threads: any number of callers at once (the core bucket is lock-free);
  * one refill thread per lease does every round trip, so a caller never
- * waits for Redis.  A lease of an asynchronous client has no thread: its
- * round trips are that client's calls, started from its callers, its
- * callbacks and a hook on its loop's timer (quiet windows, contended
- * turns), all on the loop's thread, which is then the only one to call.  mu guards stop and the thread's sleeps; rmu guards the
+ * waits for Redis.  mu guards stop and the thread's sleeps; rmu guards the
  * queue, overflow and every addition to the local bucket (callers' takes
  * stay lock-free: a take only widens the room an addition sees).  Lock
  * order: the client's list of leases, then rmu; mu is never held with
- * either.  The atomics are hints between callers and the thread (relaxed:
+ * either.
+ *
+ * A lease of an asynchronous client has no thread: its round trips are
+ * that client's calls, started by its callers, its callbacks and a hook on
+ * its loop's timer (quiet windows, contended turns), all on the loop's
+ * thread, the only one that calls it.  The atomics are hints between callers and the thread (relaxed:
  * a stale hint costs a refill's lateness, never a token).
  */
 #include <errno.h>

@@ -59,6 +59,8 @@ Suite *redis_lease_async_suite(void);
 void lease_fleet(const char *const *seeds, size_t nseeds);
 /* The same with a process SIGKILLed holding its lease a third into the run. */
 void lease_fleet_kill(const char *const *seeds, size_t nseeds);
+/* Each process's lease closed and reopened at a fifth of the rate a third into the run. */
+void lease_fleet_rate_change(const char *const *seeds, size_t nseeds);
 /* A 6 s run on a cluster; a third in, failover() kills the hot key's primary and waits till settled. */
 void lease_fleet_failover(const char *const *seeds, size_t nseeds, void (*failover)(void));
 Suite *redis_module_suite(void);

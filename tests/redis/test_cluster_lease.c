@@ -2,8 +2,9 @@
 /*
  * tokenbucket-redis-cluster-lease-check: the leases' fleet tests
  * (test_redis_lease.c) on a 6-node Redis Cluster, each process's client a
- * cluster client from one seed: the plain run and a process SIGKILLed
- * (cluster-lease), the key's primary SIGKILLed (cluster-lease-failover).
+ * cluster client from one seed: the plain run, a process SIGKILLed and a
+ * rate changed (cluster-lease), the key's primary SIGKILLed
+ * (cluster-lease-failover).
  */
 #include <signal.h>
 #include <sys/wait.h>
@@ -32,6 +33,12 @@ END_TEST
 START_TEST(test_cluster_fleet_kill)
 {
 	lease_fleet_kill(cl.seeds, 1);
+}
+END_TEST
+
+START_TEST(test_cluster_rate_change)
+{
+	lease_fleet_rate_change(cl.seeds, 1);
 }
 END_TEST
 
@@ -76,7 +83,8 @@ int main(void)
 {
 	Suite *const suites[] = {
 		suite("cluster-lease",
-		      (const TTest *const[]){ test_cluster_fleet, test_cluster_fleet_kill, NULL }),
+		      (const TTest *const[]){ test_cluster_fleet, test_cluster_fleet_kill,
+					      test_cluster_rate_change, NULL }),
 		suite("cluster-lease-failover",
 		      (const TTest *const[]){ test_cluster_fleet_failover, NULL }),
 		NULL

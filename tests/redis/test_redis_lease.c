@@ -626,7 +626,7 @@ static void process_change(const struct tokenbucket_redis_limit *a,
 	_exit(err == 0 ? 0 : 4);
 }
 
-START_TEST(test_rate_change)
+static void fleet_rate_change(void)
 {
 	if (fleet_skipped())
 		return;
@@ -670,15 +670,27 @@ START_TEST(test_rate_change)
 	double bound = (double)a.burst + ra * (double)(tc - t0) + rb * (double)(t1 - tc);
 	long sum = atomic_load(&c->granted), late = atomic_load(&c->late);
 	double made = rb * (double)(p.until - p.late_from);
-	printf("redis lease rate change: %ld granted, bound %.0f (%.4f used); after the change "
-	       "%ld, %.4f of the new rate x time\n", sum, bound, (double)sum / bound, late,
-	       (double)late / made);
+	printf("%s lease rate change: %ld granted, bound %.0f (%.4f used); after the change "
+	       "%ld, %.4f of the new rate x time\n", fleet_nseeds > 0 ? "cluster" : "redis", sum,
+	       bound, (double)sum / bound, late, (double)late / made);
 	ck_assert_msg((double)sum <= bound, "granted %ld > bound %.0f", sum, bound);
 	ck_assert_msg((double)late >= 0.95 * made, "granted %ld < 95%% of %.0f", late, made);
 	ck_assert_msg((double)late <= made + (double)a.burst, "granted %ld after the change", late);
 	munmap(c, sizeof(*c));
 }
+
+START_TEST(test_rate_change)
+{
+	fleet_rate_change();
+}
 END_TEST
+
+void lease_fleet_rate_change(const char *const *seeds, size_t nseeds)
+{
+	fleet_seeds = seeds;
+	fleet_nseeds = nseeds;
+	fleet_rate_change();
+}
 
 /* ---- Reserve, cancel, wait ------------------------------------------------ */
 
