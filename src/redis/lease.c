@@ -860,6 +860,8 @@ static int reserve(struct tokenbucket_redis_lease *l, uint64_t n, int64_t max_wa
 		est += rt > 0 ? rt : 0;
 	if (est > max_wait) {
 		pthread_mutex_unlock(&l->rmu);
+		/* Refused for want of tokens: that is demand, as a refused allow's. */
+		ask(l);
 		return -ETIMEDOUT;
 	}
 	struct pending *p = malloc(sizeof(*p));

@@ -165,6 +165,30 @@ START_TEST(test_close_gives_back)
 }
 END_TEST
 
+/* A reservation refused for want of tokens asks for more, as a refused allow does. */
+START_TEST(test_refused_reserve_refills)
+{
+	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	struct tokenbucket_redis_lease *l;
+	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("rr"), &lim, 0.5, SEC), 0);
+	await_tokens(l);
+	struct tokenbucket_reservation rv;
+	long taken = 0;
+	while (tokenbucket_redis_lease_reserve(l, 1, 0, &rv) == 0)
+		taken++;
+	/* Drained: only reserves from now on, and within 10 s they are served again. */
+	long more = 0;
+	for (int i = 0; i < 1000 && more == 0; i++) {
+		if (tokenbucket_redis_lease_reserve(l, 1, 0, &rv) == 0)
+			more++;
+		else
+			sleep_ns(10 * MS);
+	}
+	ck_assert_msg(more > 0, "no reservation served after %ld", taken);
+	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
+}
+END_TEST
+
 START_TEST(test_quiet_gives_back)
 {
 	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
@@ -1401,7 +1425,8 @@ Suite *redis_lease_suite(void)
 	Suite *s = suite_create("redis-lease");
 	redis_tcase(s, "give-back", redis_setup, 30,
 		    (const TTest *const[]){ test_refund_op, test_open_refuses, test_close_gives_back,
-					    test_quiet_gives_back, NULL });
+					    test_quiet_gives_back, test_refused_reserve_refills,
+					    NULL });
 	redis_tcase(s, "fleet", redis_setup, 60,
 		    (const TTest *const[]){ test_fleet, test_fleet_kill, test_fleet_restart,
 					    test_rate_change, NULL });
