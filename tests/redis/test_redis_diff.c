@@ -6,15 +6,6 @@
  * reply to an allow; the same steps sent by hand in the 7-argument form of
  * tokenbucket-redis(7) to a twin key must say the same and store the same.
  */
-#if defined(__has_include)
-#if __has_include(<valgrind/valgrind.h>)
-#include <valgrind/valgrind.h>
-#define TBT_ON_VALGRIND RUNNING_ON_VALGRIND
-#endif
-#endif
-#ifndef TBT_ON_VALGRIND
-#define TBT_ON_VALGRIND 0
-#endif
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +15,7 @@
 #include <hiredis/hiredis.h>
 
 #include "check_redis.h"
+#include "../on_valgrind.h"
 #include "sequence.h"
 
 static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };

@@ -8,15 +8,6 @@
  * suite redis-lease-async does the same with the leases of asynchronous
  * clients, driven by libevent and libuv loops.
  */
-#if defined(__has_include)
-#if __has_include(<valgrind/valgrind.h>)
-#include <valgrind/valgrind.h>
-#define TBT_ON_VALGRIND RUNNING_ON_VALGRIND
-#endif
-#endif
-#ifndef TBT_ON_VALGRIND
-#define TBT_ON_VALGRIND 0
-#endif
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
@@ -33,6 +24,7 @@
 #include <unistd.h>
 
 #include "check_redis.h"
+#include "../on_valgrind.h"
 #include "loops.h"
 
 #define PROCS 4

@@ -8,15 +8,6 @@
  * of SIGKILLed changers and takers on a shared table leaves every key within
  * its bound; a table's wait sleeps on when a change holds its tokens back.
  */
-#if defined(__has_include)
-#if __has_include(<valgrind/valgrind.h>)
-#include <valgrind/valgrind.h>
-#define TBT_ON_VALGRIND RUNNING_ON_VALGRIND
-#endif
-#endif
-#ifndef TBT_ON_VALGRIND
-#define TBT_ON_VALGRIND 0
-#endif
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -29,6 +20,7 @@
 #include <unistd.h>
 
 #include "check_tb.h"
+#include "../on_valgrind.h"
 #include "storm.h"
 #include "table.h"
 
