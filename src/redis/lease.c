@@ -541,19 +541,25 @@ static void dropped(void *arg, int err, const struct tokenbucket_result *res,
 	(void)arg, (void)err, (void)res, (void)rv, (void)tokens;
 }
 
-/* give_back through the asynchronous client: started, not awaited. */
+/* A refund of n (at most a burst) through the asynchronous client: started, not awaited. */
+static int refund_async(struct tokenbucket_redis_lease *l, uint64_t n)
+{
+	struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_REFUND,
+					    .key = l->key,
+					    .keylen = l->keylen,
+					    .limit = l->lim,
+					    .n = n };
+	return tokenbucket_redis_async_start(l->a, &c, dropped, NULL);
+}
+
+/* give_back through the asynchronous client, in pieces of at most a burst as give_back's. */
 static int give_back_async(struct tokenbucket_redis_lease *l, bool all)
 {
 	uint64_t total = collect(l, all);
 	int err = 0;
 	while (total > 0 && err == 0) {
 		uint64_t piece = total < l->lim.burst ? total : l->lim.burst;
-		struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_REFUND,
-						    .key = l->key,
-						    .keylen = l->keylen,
-						    .limit = l->lim,
-						    .n = piece };
-		err = tokenbucket_redis_async_start(l->a, &c, dropped, NULL);
+		err = refund_async(l, piece);
 		total -= piece;
 	}
 	return err;
@@ -615,14 +621,8 @@ static void on_refill(void *arg, int err, const struct tokenbucket_result *res,
 	l->inflight = false;
 	if (l->closing) {
 		/* Closed meanwhile: what this call took goes straight back. */
-		if (err == 0 && res->allowed && !(res->flags & TOKENBUCKET_RESULT_LOCAL)) {
-			struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_REFUND,
-							    .key = l->key,
-							    .keylen = l->keylen,
-							    .limit = l->lim,
-							    .n = want };
-			tokenbucket_redis_async_start(l->a, &c, dropped, NULL);
-		}
+		if (err == 0 && res->allowed && !(res->flags & TOKENBUCKET_RESULT_LOCAL))
+			refund_async(l, want); /* want <= cap <= burst */
 		lease_free(l);
 		return;
 	}
