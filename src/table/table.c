@@ -41,6 +41,27 @@ enum tbt_owner {
  * header changed behind our back cannot send an index out of bounds.  The
  * rate and burst may change: every call reads them from the regimes.
  */
+/*
+ * A handle's private copy of a regime it read and checked, for allow's warm
+ * path: a call that finds the shared gen equal to an entry's gen reads these
+ * words instead of the shared slot, and none of the checks.  Entry
+ * (gen / 2) & 1, so that the regimes on either side of a change stay side
+ * by side.  Threads share the handle: a filler takes an entry by moving its
+ * gen to TBT_FILLING with a compare-and-swap, and a reader reads gen again
+ * after the values (a seqlock per entry, with one writer at a time).  Every
+ * word an entry ever holds comes from a checked regime (or is the neutral
+ * start, TBT_UNKEPT: q 1, hspan 0, which no call passes), so even a shared
+ * gen that a stray write set to either mark gives wrong answers, never a
+ * division by 0.
+ */
+#define TBT_FILLING UINT64_MAX
+#define TBT_UNKEPT (UINT64_MAX - 1)
+struct tbt_cached {
+	_Atomic uint64_t gen;
+	_Atomic int64_t origin; /* the regime's, or the table's for regime 0 */
+	_Atomic uint64_t fine0, p, q, hoff, burst, hspan;
+};
+
 struct tokenbucket_table {
 	struct tbt_mem *mem;
 	struct tbt_line *line;
@@ -49,6 +70,7 @@ struct tokenbucket_table {
 	unsigned flags;
 	enum tbt_owner owner;
 	size_t mapped;
+	struct tbt_cached cached[2];
 };
 
 /* Spins a caller waits for another's claim before working around it. */
@@ -758,12 +780,12 @@ again:
 }
 
 /*
- * allow on a warm key, in registers: the table's origin fixed, the regime
- * stable and valid, the key in a slot, its time within the horizon.  The
- * same words read in the same order and the same decision as read_regime
- * and take; 1 allowed, 0 refused, -1 for anything else (no slot, a change
- * under way, a lost compare-and-swap), which allow_general decides from
- * the start.  Nothing the general path does not do is written: at most
+ * allow on a warm key, in registers: the key in a slot, the regime in force
+ * the one this handle keeps (cache_regime: read and checked by a general
+ * call), the key's time within the horizon.  The same decision as take;
+ * 1 allowed, 0 refused, -1 for anything else (no slot, no kept regime, a
+ * change under way, a lost compare-and-swap), which allow_general decides
+ * from the start.  Nothing the general path does not do is written: at most
  * the key's clock, which it would move to the same time.
  */
 static inline __attribute__((always_inline)) int warm_allow(struct tokenbucket_table *t,
@@ -778,25 +800,23 @@ static inline __attribute__((always_inline)) int warm_allow(struct tokenbucket_t
 		s = find_in(&t->line[2 * b], fp, &st);
 	if (s == NULL)
 		return -1;
-	const struct tbt_regimes *g = &t->mem->regimes;
-	int64_t origin = atomic_load_explicit(&t->mem->header.h.origin, memory_order_acquire);
-	uint64_t gen = atomic_load_explicit(&g->gen, memory_order_acquire);
-	const struct tbt_regime *r = &g->slot[(gen >> 1) & 1];
-	int64_t rorigin = atomic_load_explicit(&r->origin, memory_order_relaxed);
+	const _Atomic uint64_t *gp = &t->mem->regimes.gen;
+	uint64_t gen = atomic_load_explicit(gp, memory_order_acquire);
+	const struct tbt_cached *e = &t->cached[(gen >> 1) & 1];
+	if (atomic_load_explicit(&e->gen, memory_order_acquire) != gen)
+		return -1;
 	struct tb__view v = {
-		.origin = rorigin == TB__NO_TIME ? origin : rorigin,
-		.fine0 = atomic_load_explicit(&r->fine0, memory_order_relaxed),
-		.p = atomic_load_explicit(&r->p, memory_order_relaxed),
-		.q = atomic_load_explicit(&r->q, memory_order_relaxed),
-		.hoff = atomic_load_explicit(&r->hoff, memory_order_relaxed),
+		.origin = atomic_load_explicit(&e->origin, memory_order_relaxed),
+		.fine0 = atomic_load_explicit(&e->fine0, memory_order_relaxed),
+		.p = atomic_load_explicit(&e->p, memory_order_relaxed),
+		.q = atomic_load_explicit(&e->q, memory_order_relaxed),
+		.hoff = atomic_load_explicit(&e->hoff, memory_order_relaxed),
 		.until = TOKENBUCKET_NEVER,
 	};
-	uint64_t burst = atomic_load_explicit(&r->burst, memory_order_relaxed);
-	uint64_t hspan = (uint64_t)atomic_load_explicit(&r->hspan, memory_order_relaxed);
+	uint64_t burst = atomic_load_explicit(&e->burst, memory_order_relaxed);
+	uint64_t hspan = atomic_load_explicit(&e->hspan, memory_order_relaxed);
 	atomic_thread_fence(memory_order_acquire);
-	if ((gen & 1) || origin == TB__NO_TIME || v.fine0 >= v.q ||
-	    burst > TOKENBUCKET_TABLE_BURST_MAX ||
-	    atomic_load_explicit(&g->gen, memory_order_relaxed) != gen)
+	if (atomic_load_explicit(&e->gen, memory_order_relaxed) != gen)
 		return -1;
 	if (n > burst)
 		return 0;
@@ -805,7 +825,7 @@ static inline __attribute__((always_inline)) int warm_allow(struct tokenbucket_t
 		at = v.origin;
 	at = key_time(s, at);
 	/* regime_holds, then past_horizon */
-	if (atomic_load(&g->gen) != gen || (uint64_t)at - (uint64_t)v.origin >= hspan)
+	if (atomic_load(gp) != gen || (uint64_t)at - (uint64_t)v.origin >= hspan)
 		return -1;
 	uint64_t tail = st_tail(st), base, seen = st;
 	if (decide(&v, burst, at, tail, n, &base)) {
@@ -819,6 +839,34 @@ static inline __attribute__((always_inline)) int warm_allow(struct tokenbucket_t
 		       : -1;
 }
 
+/*
+ * Keeps the regime c read, checked and in force (gen even, the table's
+ * origin fixed), for warm_allow.  Skipped if the entry has it already or
+ * another thread is filling it.  A filler that read an older regime may
+ * overwrite a newer one; the warm path then misses until a call fills it
+ * again.
+ */
+static void cache_regime(struct tokenbucket_table *t, const struct tbt_call *c)
+{
+	uint64_t gen = c->v.gen;
+	struct tbt_cached *e = &t->cached[(gen >> 1) & 1];
+	uint64_t old = atomic_load_explicit(&e->gen, memory_order_relaxed);
+	if ((gen & 1) || c->v.origin == TB__NO_TIME || old == gen || old == TBT_FILLING ||
+	    !atomic_compare_exchange_strong_explicit(&e->gen, &old, TBT_FILLING,
+						     memory_order_relaxed, memory_order_relaxed))
+		return;
+	/* A reader that sees a word below reads TBT_FILLING (or later) after it. */
+	atomic_thread_fence(memory_order_release);
+	atomic_store_explicit(&e->origin, c->v.origin, memory_order_relaxed);
+	atomic_store_explicit(&e->fine0, c->v.fine0, memory_order_relaxed);
+	atomic_store_explicit(&e->p, c->v.p, memory_order_relaxed);
+	atomic_store_explicit(&e->q, c->v.q, memory_order_relaxed);
+	atomic_store_explicit(&e->hoff, c->v.hoff, memory_order_relaxed);
+	atomic_store_explicit(&e->burst, c->burst, memory_order_relaxed);
+	atomic_store_explicit(&e->hspan, c->hspan, memory_order_relaxed);
+	atomic_store_explicit(&e->gen, gen, memory_order_release);
+}
+
 /* allow_at from the start, the key hashed to h. */
 static __attribute__((noinline)) bool allow_general(struct tokenbucket_table *t, int64_t now,
 						    uint64_t h, uint64_t n)
@@ -829,7 +877,10 @@ static __attribute__((noinline)) bool allow_general(struct tokenbucket_table *t,
 	struct tbt_outcome o = {0};
 	if (__builtin_expect(past_horizon(&c, c.at), 0) && reanchor(t, &c, c.at, n) != 0)
 		return false;
-	return take(t, &c, n, false, &o) == 0 && o.allowed;
+	if (take(t, &c, n, false, &o) != 0)
+		return false;
+	cache_regime(t, &c);
+	return o.allowed;
 }
 
 bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now, const void *key,
@@ -1352,6 +1403,10 @@ static int handle(struct tokenbucket_table **tp, struct tbt_mem *m, enum tbt_own
 		.owner = owner,
 		.mapped = mapped,
 	};
+	for (int i = 0; i < 2; i++) {
+		atomic_init(&t->cached[i].gen, TBT_UNKEPT);
+		atomic_init(&t->cached[i].q, 1);
+	}
 	*tp = t;
 	return 0;
 }
