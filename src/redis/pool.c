@@ -21,6 +21,8 @@
 
 /* Idle connections kept beyond this (per server) are closed. */
 #define TBR__IDLE_MAX 64
+/* While calls flow, how often a Sentinel client checks that its connections go to the primary named. */
+#define TBR__CHECK_NS INT64_C(1000000000)
 
 struct timeval tbr__tv_of(int64_t ns)
 {
@@ -89,6 +91,15 @@ void tbr__node_init(struct tbr__node *n)
 	pthread_mutex_init(&n->lock, NULL);
 }
 
+static void conns_drop(struct tbr__conn *c)
+{
+	while (c != NULL) {
+		struct tbr__conn *next = c->next;
+		tbr__conn_drop(c);
+		c = next;
+	}
+}
+
 void tbr__node_flush(struct tbr__node *n)
 {
 	pthread_mutex_lock(&n->lock);
@@ -96,11 +107,7 @@ void tbr__node_flush(struct tbr__node *n)
 	n->idle = NULL;
 	n->nidle = 0;
 	pthread_mutex_unlock(&n->lock);
-	while (c != NULL) {
-		struct tbr__conn *next = c->next;
-		tbr__conn_drop(c);
-		c = next;
-	}
+	conns_drop(c);
 }
 
 void tbr__node_fini(struct tbr__node *n)
@@ -109,8 +116,9 @@ void tbr__node_fini(struct tbr__node *n)
 	pthread_mutex_destroy(&n->lock);
 	free(n->host);
 	free(n->path);
+	free(n->primary_host);
 	tbr__sentinel_free(n->sentinel);
-	n->host = n->path = NULL;
+	n->host = n->path = n->primary_host = NULL;
 	n->sentinel = NULL;
 }
 
@@ -229,8 +237,73 @@ static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 	return err;
 }
 
+/*
+ * A Sentinel client's primary as the sentinels named it in answer to
+ * question ask (from n->asks): a new one starts an epoch, and the idle
+ * connections of the old one are closed (those in use are closed when they
+ * come back).  An answer to a question older than the one that named the
+ * primary changes nothing: its connection serves one call and is closed.
+ * Returns the epoch of a connection made to host.
+ */
+static uint64_t primary_named(struct tbr__node *n, const char *host, int port, uint64_t ask)
+{
+	struct tbr__conn *old = NULL;
+	char *copy = NULL;
+	pthread_mutex_lock(&n->lock);
+	bool same = n->primary_host != NULL && port == n->primary_port &&
+		    strcmp(host, n->primary_host) == 0;
+	if (!same && ask < n->named_by) {
+		uint64_t stale = n->epoch - 1;
+		pthread_mutex_unlock(&n->lock);
+		return stale;
+	}
+	if (ask > n->named_by)
+		n->named_by = ask;
+	if (!same) {
+		copy = strdup(host);
+		if (copy != NULL) {
+			/* Without memory for the name, every connection stays in this epoch. */
+			free(n->primary_host);
+			n->primary_host = copy;
+			n->primary_port = port;
+			n->epoch++;
+			old = n->idle;
+			n->idle = NULL;
+			n->nidle = 0;
+		}
+	}
+	uint64_t epoch = n->epoch;
+	pthread_mutex_unlock(&n->lock);
+	conns_drop(old);
+	return epoch;
+}
+
+/*
+ * While calls flow, at most every TBR__CHECK_NS, one call of a Sentinel
+ * client asks the sentinel that answered last where the primary is (within
+ * the connect and command timeouts): a primary demoted by SENTINEL
+ * FAILOVER may go on taking writes, which the failover then discards,
+ * until the sentinels reconfigure it.  A question that fails changes
+ * nothing.
+ */
+static void sentinel_check(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns)
+{
+	int64_t now = tokenbucket_now();
+	int64_t last = atomic_load_explicit(&n->asked_at, memory_order_relaxed);
+	if (now - last < TBR__CHECK_NS ||
+	    !atomic_compare_exchange_strong_explicit(&n->asked_at, &last, now, memory_order_relaxed,
+						     memory_order_relaxed))
+		return;
+	char *host = NULL;
+	int port;
+	uint64_t ask = atomic_fetch_add_explicit(&n->asks, 1, memory_order_relaxed) + 1;
+	if (tbr__sentinel_ask_first(n->sentinel, connect_tv, timeout_ns, &host, &port) == 0)
+		primary_named(n, host, port, ask);
+	free(host);
+}
+
 /* A new connection to n, set up; 0 or a negative errno. */
-static int conn_open(const struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
+static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
 		     struct tbr__conn **out)
 {
 	struct tbr__conn *c = calloc(1, sizeof(*c));
@@ -240,11 +313,14 @@ static int conn_open(const struct tbr__node *n, struct timeval connect_tv, int64
 	int port = n->port;
 	if (n->sentinel != NULL) {
 		/* Every new connection goes where the sentinels say the primary is now. */
+		uint64_t ask = atomic_fetch_add_explicit(&n->asks, 1, memory_order_relaxed) + 1;
+		atomic_store_explicit(&n->asked_at, tokenbucket_now(), memory_order_relaxed);
 		int err = tbr__sentinel_primary(n->sentinel, connect_tv, timeout_ns, &found, &port);
 		if (err != 0) {
 			free(c);
 			return err;
 		}
+		c->epoch = primary_named(n, found, port, ask);
 	}
 	errno = 0;
 	if (n->path != NULL)
@@ -269,6 +345,8 @@ static int conn_open(const struct tbr__node *n, struct timeval connect_tv, int64
 int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
 		  struct tbr__conn **out, bool *reused)
 {
+	if (n->sentinel != NULL)
+		sentinel_check(n, connect_tv, timeout_ns);
 	for (;;) {
 		pthread_mutex_lock(&n->lock);
 		struct tbr__conn *c = n->idle;
@@ -301,7 +379,7 @@ int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeou
 void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
 {
 	pthread_mutex_lock(&n->lock);
-	if (n->nidle < TBR__IDLE_MAX) {
+	if (n->nidle < TBR__IDLE_MAX && c->epoch == n->epoch) {
 		c->next = n->idle;
 		n->idle = c;
 		n->nidle++;

@@ -27,6 +27,7 @@ struct tbr__conn {
 	redisContext *c;
 	int64_t timeout_ns; /* the socket timeouts now set on c */
 	bool module;        /* its server has the module (until it answers otherwise) */
+	uint64_t epoch;     /* a Sentinel client's: its node's epoch when it was made */
 	struct tbr__conn *next;
 };
 
@@ -41,6 +42,18 @@ struct tbr__node {
 	int db;
 	struct tbr__sentinel *sentinel; /* or NULL: the primary is asked for on every connection */
 	_Atomic int64_t failed_at; /* tokenbucket_now() of its last failure (cluster nodes), or 0 */
+	/*
+	 * A Sentinel client's: the primary its connections go to, a count of
+	 * its changes and the question that named it (under lock; a
+	 * connection of an older epoch is closed, not pooled), the questions
+	 * asked, and when the last began.
+	 */
+	char *primary_host;
+	int primary_port;
+	uint64_t epoch;
+	uint64_t named_by;
+	_Atomic uint64_t asks;
+	_Atomic int64_t asked_at;
 };
 
 /*
@@ -60,6 +73,9 @@ void tbr__node_flush(struct tbr__node *n);
  * timeouts timeout_ns).  An idle connection that has something to read
  * (its server closed it, or a reply nobody reads) is closed and skipped, so
  * one the server dropped while it sat in the pool is never handed out.
+ * A Sentinel client's call asks the sentinel that answered last, at most
+ * every TBR__CHECK_NS, where the primary is: when it names another, the
+ * connections to the old one are closed as they come back.
  * *reused tells whether it came from the pool (may be NULL).
  */
 int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,

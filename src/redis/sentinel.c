@@ -202,3 +202,10 @@ int tbr__sentinel_primary(struct tbr__sentinel *s, struct timeval connect_tv, in
 	/* A sentinel that answered without a primary says more than ones that did not answer. */
 	return answered ? -EHOSTUNREACH : last;
 }
+
+int tbr__sentinel_ask_first(struct tbr__sentinel *s, struct timeval connect_tv, int64_t timeout_ns,
+			    char **host, int *port)
+{
+	size_t i = tbr__sentinel_first(s);
+	return ask(s->host[i], s->port[i], s->name, connect_tv, timeout_ns, host, port);
+}

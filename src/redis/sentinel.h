@@ -30,6 +30,9 @@ void tbr__sentinel_free(struct tbr__sentinel *s);
  */
 int tbr__sentinel_primary(struct tbr__sentinel *s, struct timeval connect_tv, int64_t timeout_ns,
 			  char **host, int *port);
+/* The same question to the sentinel that answered last only: 0, 1 (it names none) or -errno. */
+int tbr__sentinel_ask_first(struct tbr__sentinel *s, struct timeval connect_tv, int64_t timeout_ns,
+			    char **host, int *port);
 
 /*
  * The parts of the question for a client that asks without blocking: the
