@@ -753,7 +753,10 @@ TOKENBUCKET_API int tokenbucket_table_get_limit(struct tokenbucket_table *t,
  * No limit is ever over-granted: each bucket only ever sees its own takes
  * and give-backs, and a give-back never returns more than the bucket has
  * missed because of the take (a take followed by its give-back leaves the
- * bucket as it would have been without them, or lower).  The give-back is
+ * bucket as it would have been without them, or lower; what a give-back
+ * racing the clock's move gives beyond that, at most the production of
+ * those nanoseconds, it takes back at once, as debt if already used:
+ * docs/sets.md).  The give-back is
  * exact (the bucket as if never taken from) when no other call took from
  * that bucket between the take and the give-back, which is the usual case:
  * a few nanoseconds apart.  Otherwise it gives back what the bucket can be
