@@ -21,6 +21,8 @@
 
 #define T0 (1000 * SEC)
 
+static uint64_t next_random(uint64_t *x);
+
 /* Whole tokens at t (tokens_at rounded down; negative in debt). */
 static int64_t whole(struct tokenbucket *tb, int64_t t)
 {
@@ -396,6 +398,100 @@ START_TEST(shared_buckets)
 }
 END_TEST
 
+/*
+ * One thread, random calls at times that only grow: every set call must
+ * answer and leave the buckets exactly as the single-bucket calls it is
+ * made of, run by hand on twin buckets (a model of a set in the public
+ * API): allow_all is "every bucket holds n at now, then allow_at on each";
+ * reserve_all is reserve_at on each in order, the earlier ones cancelled
+ * at the same now when one refuses; a cancel_all at the same now is
+ * cancel_at on each.  Levels are compared exactly after every call.
+ */
+static const struct tokenbucket_limit model_limits[3] = {
+	{ 1, MS, 10 }, { 1, 3 * MS, 5 }, { 2, 5 * MS, 7 },
+};
+
+static int twin_reserve(struct tokenbucket **twin, int64_t now, uint64_t n, int64_t max_wait,
+			struct tokenbucket_reservation *r)
+{
+	for (size_t i = 0; i < 3; i++) {
+		int err = tokenbucket_reserve_at(twin[i], now, n, max_wait, &r[i]);
+		if (err) {
+			while (i-- > 0)
+				tokenbucket_cancel_at(twin[i], &r[i], now);
+			return err;
+		}
+	}
+	return 0;
+}
+
+START_TEST(sequential_matches_single_calls)
+{
+	struct tokenbucket *set[3], *twin[3];
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(tokenbucket_create_limit(&set[i], &model_limits[i], 0), 0);
+		ck_assert_int_eq(tokenbucket_create_limit(&twin[i], &model_limits[i], 0), 0);
+	}
+	uint64_t rnd = 0x853c49e6748fea9bu;
+	int64_t now = T0;
+	uint64_t allowed = 0, refused = 0;
+	for (int step = 0; step < 20000; step++) {
+		now += (int64_t)(next_random(&rnd) % (3 * MS));
+		uint64_t n = next_random(&rnd) % 6;
+		struct tokenbucket_reservation r[3], tr[3];
+		switch (next_random(&rnd) % 5) {
+		case 0:
+		case 1: {
+			struct tokenbucket_set_result res;
+			ck_assert_int_eq(tokenbucket_allow_all_at(set, 3, now, n, &res), 0);
+			bool all = true;
+			for (int i = 0; i < 3; i++)
+				all &= tokenbucket_tokens_at(twin[i], now) >= (double)n;
+			for (int i = 0; all && i < 3; i++)
+				ck_assert(tokenbucket_allow_at(twin[i], now, n));
+			ck_assert_int_eq(res.allowed, all);
+			if (all)
+				allowed++;
+			else
+				refused++;
+			break;
+		}
+		case 2: {
+			int k = (int)(next_random(&rnd) % 3);
+			ck_assert_int_eq(tokenbucket_allow_at(set[k], now, n),
+					 tokenbucket_allow_at(twin[k], now, n));
+			break;
+		}
+		case 3:
+		case 4: {
+			int64_t waits[] = { 0, 2 * MS, 20 * MS };
+			int64_t max_wait = waits[next_random(&rnd) % 3];
+			int err = tokenbucket_reserve_all_at(set, 3, now, n, max_wait, r);
+			ck_assert_int_eq(err, twin_reserve(twin, now, n, max_wait, tr));
+			if (err == 0 && (next_random(&rnd) & 1)) {
+				ck_assert_int_eq(tokenbucket_cancel_all_at(set, 3, now, r), 0);
+				for (int i = 0; i < 3; i++)
+					tokenbucket_cancel_at(twin[i], &tr[i], now);
+			}
+			break;
+		}
+		}
+		for (int i = 0; i < 3; i++)
+			ck_assert_msg(tokenbucket_tokens_at(set[i], now) ==
+					      tokenbucket_tokens_at(twin[i], now),
+				      "step %d bucket %d: %g, twin %g", step, i,
+				      tokenbucket_tokens_at(set[i], now),
+				      tokenbucket_tokens_at(twin[i], now));
+	}
+	ck_assert_uint_gt(allowed, 100);
+	ck_assert_uint_gt(refused, 100);
+	for (int i = 0; i < 3; i++) {
+		tokenbucket_free(set[i]);
+		tokenbucket_free(twin[i]);
+	}
+}
+END_TEST
+
 /* ---- wait_all: generous margins, the clock is real ------------------------ */
 
 #define MARGIN (2 * SEC)
@@ -680,6 +776,7 @@ Suite *set_suite(void)
 	tcase_add_test(tc, give_back_after_other_takes);
 	tcase_add_test(tc, every_errno);
 	tcase_add_test(tc, shared_buckets);
+	tcase_add_test(tc, sequential_matches_single_calls);
 	suite_add_tcase(s, tc);
 	TCase *w = tcase_create("set-wait");
 	tcase_set_timeout(w, 30);
