@@ -769,8 +769,9 @@ TOKENBUCKET_API int tokenbucket_table_get_limit(struct tokenbucket_table *t,
  * refuses and gives it back (or returns), bucket i holds n fewer tokens,
  * so a call on it alone may be refused that would otherwise be allowed.
  * It is at most n tokens per bucket per set call in progress and lasts
- * for that call only (two takes and a give-back, without waiting), except
- * as said above.  A set refused by the check before the takes causes none.
+ * for that call only (its takes and give-backs; a give-back reads the tail
+ * at most 64 times for an undo, and never waits for another thread),
+ * except as said above.  A set refused by the check before the takes causes none.
  *
  * Every call fails with -EINVAL for: set NULL, count 0 or above
  * TOKENBUCKET_SET_MAX, a NULL bucket, the same bucket twice (by address: a

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 
+#include "relax.h"
 #include "rovers.h"
 #include "sleep.h"
 
@@ -19,6 +20,9 @@
  * a reset forgets what was taken.
  */
 #define SET_MARK (UINT64_C(1) << 63)
+
+/* Reads of the tail a give-back makes, waiting for it to come back to its ticket. */
+#define UNDO_SPINS 64
 
 /* -EINVAL for a set no call accepts: NULL, empty, too long, a NULL or repeated bucket. */
 static int check_set(struct tokenbucket *const *set, size_t count)
@@ -160,9 +164,17 @@ static void give_back(struct tokenbucket *tb, int64_t now, struct tokenbucket_re
 	tb__observe(tb, now);
 	uint64_t ticket = r->ticket;
 	if (!tb__capped(tb)) {
-		uint64_t expect = ticket;
-		if (atomic_compare_exchange_strong(&tb->tail, &expect, ticket - n))
-			return;
+		/*
+		 * A take after ours that is itself being given back (another set
+		 * refused) undoes first and brings the tail back to our ticket:
+		 * watch for that a bounded number of reads.
+		 */
+		for (int spin = 0; spin < UNDO_SPINS; spin++) {
+			uint64_t expect = ticket;
+			if (atomic_compare_exchange_strong(&tb->tail, &expect, ticket - n))
+				return;
+			tb__cpu_relax();
+		}
 	}
 	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
 		struct tb__view v;
