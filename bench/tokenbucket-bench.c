@@ -202,6 +202,60 @@ static uint64_t loop_reserve_cancel(struct ctx *c, int id, uint64_t n)
 	return sum;
 }
 
+/* The single decision the set rows compare with: allow_at and its report. */
+static uint64_t loop_allow_result_at(struct ctx *c, int id, uint64_t n)
+{
+	struct tokenbucket *tb = c->tb[id & 1];
+	struct tokenbucket_result res;
+	uint64_t sum = 0;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++) {
+		tokenbucket_allow_result_at(tb, t++, 1, &res);
+		sum += res.allowed;
+	}
+	return sum;
+}
+
+/* 1.2: one decision on a set of k buckets, tb[0] (and tb[1]), with its report. */
+static uint64_t loop_allow_all(struct ctx *c, size_t k, uint64_t n)
+{
+	struct tokenbucket *set[2] = { c->tb[0], c->tb[1] };
+	struct tokenbucket_set_result res;
+	uint64_t sum = 0;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++) {
+		tokenbucket_allow_all_at(set, k, t++, 1, &res);
+		sum += res.allowed;
+	}
+	return sum;
+}
+
+static uint64_t loop_allow_all_1(struct ctx *c, int id, uint64_t n)
+{
+	(void)id;
+	return loop_allow_all(c, 1, n);
+}
+
+static uint64_t loop_allow_all_2(struct ctx *c, int id, uint64_t n)
+{
+	(void)id;
+	return loop_allow_all(c, 2, n);
+}
+
+static uint64_t loop_reserve_cancel_2(struct ctx *c, int id, uint64_t n)
+{
+	(void)id;
+	struct tokenbucket *set[2] = { c->tb[0], c->tb[1] };
+	struct tokenbucket_reservation r[2];
+	uint64_t sum = 0;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++, t++) {
+		sum += tokenbucket_reserve_all_at(set, 2, t, 1, TOKENBUCKET_NEVER, r) == 0;
+		tokenbucket_cancel_all_at(set, 2, t, r);
+	}
+	return sum;
+}
+
 /* ---- The buckets --------------------------------------------------------- */
 
 /* Rate 1/s and a burst that never empties: every call takes, none claims. */
@@ -215,6 +269,15 @@ static void setup_full_2b(struct ctx *c)
 {
 	c->tb[0] = bucket(1, TOKENBUCKET_BURST_MAX);
 	c->tb[1] = bucket(1, TOKENBUCKET_BURST_MAX);
+}
+
+/* 1.2: a set whose second bucket is empty (rate 0): every decision is refused. */
+static void setup_full_empty(struct ctx *c)
+{
+	c->tb[0] = bucket(1, TOKENBUCKET_BURST_MAX);
+	c->tb[1] = bucket(0, 1);
+	if (!tokenbucket_allow_at(c->tb[1], T0 - 1, 1))
+		die("draining a bucket", EPROTO);
 }
 
 /* A token every ns: every call with "now" 1 ns later claims one. */
@@ -436,6 +499,12 @@ static struct metric metrics[] = {
 	METRIC("table_at_1m", "allow_at", 0, setup_table_1m, loop_table_at, ALL),
 	METRIC("table_cold", "allow_at", 0, setup_table_cold, loop_table_cold, ALL),
 	METRIC("table_2t_1k", "allow_at_shared", 2, setup_table_1k, loop_table_random, ALL),
+	/* 1.2: several limits in one decision against a single one. */
+	METRIC("allow_result_at", "cas", 0, setup_full, loop_allow_result_at, ALL),
+	METRIC("allow_all_at_1", "allow_result_at", 0, setup_full, loop_allow_all_1, ALL),
+	METRIC("allow_all_at_2", "allow_result_at", 0, setup_full_2b, loop_allow_all_2, ALL),
+	METRIC("deny_all_at_2", "allow_result_at", 0, setup_full_empty, loop_allow_all_2, NONE),
+	METRIC("reserve_cancel_2", "reserve_cancel", 0, setup_full_2b, loop_reserve_cancel_2, ALL),
 };
 #define NMETRICS (sizeof(metrics) / sizeof(metrics[0]))
 
@@ -710,6 +779,10 @@ static void print_table(const char *what)
 	print_ratio("table_cold", "allow_at", "a new key each call, reusing full slots");
 	print_ratio("table_2t_1k", "allow_at_shared", "2 threads on random keys vs 2 on one bucket");
 	print_ratio("table_at_1", "siphash13_8B", "the hash's share of a warm call");
+	print_ratio("allow_all_at_2", "allow_result_at", "a two-limit decision vs a single one: goal <= 2");
+	print_ratio("allow_all_at_1", "allow_result_at", "a set of one: what the set costs beyond its bucket");
+	print_ratio("deny_all_at_2", "allow_result_at", "two limits, the second refusing ahead: goal <= 2");
+	print_ratio("reserve_cancel_2", "reserve_cancel", "reserve and cancel on two limits vs one: goal <= 2");
 	print_bucket();
 	print_keys();
 }

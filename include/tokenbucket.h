@@ -736,6 +736,127 @@ TOKENBUCKET_API int tokenbucket_table_set_limit(struct tokenbucket_table *t,
 TOKENBUCKET_API int tokenbucket_table_get_limit(struct tokenbucket_table *t,
 						struct tokenbucket_limit *lim);
 
+/* ---- 1.2: several limits in one decision ---------------------------------- */
+
+/*
+ * A set is an array of count distinct buckets (1 to TOKENBUCKET_SET_MAX),
+ * private or shared between processes (tokenbucket_init_shared,
+ * tokenbucket_attach_shared, tokenbucket_open), each with its own rate and
+ * burst: "10 a second and 1000 an hour" is a set of two.  The calls below
+ * take n tokens from every bucket of the set or from none.  The set (array
+ * and count) is what they act on, so an _at twin takes now right after
+ * count.  Since 1.2.0; docs/sets.md has the model.
+ *
+ * How: the buckets after the first are checked, then n is taken from each
+ * in order with that bucket's own lock-free take; when one refuses, what
+ * was taken from the earlier ones is given back before the call returns.
+ * No limit is ever over-granted: each bucket only ever sees its own takes
+ * and give-backs, and a give-back never returns more than the bucket has
+ * missed because of the take (a take followed by its give-back leaves the
+ * bucket as it would have been without them, or lower; what a give-back
+ * racing the clock's move gives beyond that, at most the production of
+ * those nanoseconds, it takes back at once, as debt if already used:
+ * docs/sets.md).  The give-back is
+ * exact (the bucket as if never taken from) when no other call took from
+ * that bucket between the take and the give-back, which is the usual case:
+ * a few nanoseconds apart.  Otherwise it gives back what the bucket can be
+ * shown to have missed, bounded by what it held since the take, so it may
+ * hold up to n fewer tokens than it would have, until it is next full (a
+ * rate-0 bucket: for good); a rate or burst change or a reset between the
+ * two makes it give back nothing, with the same bound.
+ *
+ * The transient under-grant: from the take from bucket i until the call
+ * refuses and gives it back (or returns), bucket i holds n fewer tokens,
+ * so a call on it alone may be refused that would otherwise be allowed.
+ * It is at most n tokens per bucket per set call in progress and lasts
+ * for that call only (its takes and give-backs; a give-back reads the tail
+ * at most 64 times for an undo, and never waits for another thread),
+ * except as said above.  A set refused by the check before the takes causes none.
+ *
+ * Every call fails with -EINVAL for: set NULL, count 0 or above
+ * TOKENBUCKET_SET_MAX, a NULL bucket, the same bucket twice (by address: a
+ * shared bucket mapped at two addresses cannot be recognised and is taken
+ * from twice), a NULL output.  -E2BIG: n above some bucket's burst (finite
+ * rate), nothing taken.  -EBADMSG: a shared bucket whose words no bucket
+ * can hold, found by a take's general path (docs/shm.md), nothing taken.
+ * Lock-free and thread-safe as the single-bucket calls.
+ */
+
+/* The most buckets a set may hold. */
+#define TOKENBUCKET_SET_MAX 16
+
+/*
+ * A decision on a set, as struct tokenbucket_result reports one on a
+ * bucket.  Durations are counted from each bucket's own clock.
+ */
+struct tokenbucket_set_result {
+	bool allowed;            /* n was taken from every bucket */
+	unsigned flags;          /* zero */
+	/* The bucket reported: the one that refused; if allowed, the one with
+	 * the fewest whole tokens left (the first of those). */
+	size_t index;
+	uint64_t limit;          /* the burst of set[index] */
+	uint64_t remaining;      /* whole tokens set[index] holds after the decision; 0 in debt */
+	/* 0 if allowed; else nanoseconds until every bucket holds n (the
+	 * latest of the buckets), TOKENBUCKET_NEVER if never. */
+	int64_t retry_after_ns;
+	/* Nanoseconds until every bucket is full; TOKENBUCKET_NEVER if never. */
+	int64_t reset_after_ns;
+	uint64_t reserved[2];    /* zero */
+};
+
+/*
+ * Takes n tokens from every bucket of the set at now, or none (as
+ * tokenbucket_allow_at on each, all or nothing), and reports the decision
+ * in *res.  Refused, nothing is taken and index is the first bucket found
+ * short.  Every bucket examined has seen now.  0, or the errors above
+ * (*res untouched).
+ */
+TOKENBUCKET_API int tokenbucket_allow_all(struct tokenbucket *const *set, size_t count, uint64_t n,
+					  struct tokenbucket_set_result *res);
+TOKENBUCKET_API int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count,
+					     int64_t now, uint64_t n,
+					     struct tokenbucket_set_result *res);
+/*
+ * Reserves n tokens from every bucket of the set at now (as
+ * tokenbucket_reserve_at on each, all or nothing), filling r[0] to
+ * r[count - 1], one per bucket.  Each r[i].time_to_act is the set's: the
+ * latest of the buckets' times, when all n are there in every bucket.
+ * max_wait bounds each bucket's wait from its own time of the call.  On
+ * error nothing is taken and r is untouched.  Errors above, and those of
+ * tokenbucket_reserve_at: -ETIMEDOUT, -EOVERFLOW.
+ */
+TOKENBUCKET_API int tokenbucket_reserve_all(struct tokenbucket *const *set, size_t count,
+					    uint64_t n, int64_t max_wait,
+					    struct tokenbucket_reservation *r);
+TOKENBUCKET_API int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count,
+					       int64_t now, uint64_t n, int64_t max_wait,
+					       struct tokenbucket_reservation *r);
+/*
+ * Gives back a set's reservation (r as tokenbucket_reserve_all filled it,
+ * for the same set in the same order): unless now is past
+ * r[i].time_to_act, every bucket gets back all it took, as described
+ * above (not capped by the bucket's own time_to_act: the set acts at the
+ * latest).  Sets each r[i].tokens to 0.  -EINVAL as above (nothing given
+ * back).
+ */
+TOKENBUCKET_API int tokenbucket_cancel_all(struct tokenbucket *const *set, size_t count,
+					   struct tokenbucket_reservation *r);
+TOKENBUCKET_API int tokenbucket_cancel_all_at(struct tokenbucket *const *set, size_t count,
+					      int64_t now, struct tokenbucket_reservation *r);
+/*
+ * Go's WaitN on a set: reserves n tokens from every bucket at
+ * tokenbucket_now(), then sleeps until they are there in all of them,
+ * with deadline and cancel_fd as tokenbucket_wait (sleeping in slices of
+ * at most 50 ms when cancel_fd is not -1; signals do not end the wait; a
+ * rate change that delays the tokens is checked again until the
+ * deadline).  A wait that fails takes nothing: every reservation is given
+ * back.  0: the tokens are taken from every bucket.  Errors above, then
+ * -EBADF, -ECANCELED, -ETIMEDOUT, -EOVERFLOW as tokenbucket_wait.
+ */
+TOKENBUCKET_API int tokenbucket_wait_all(struct tokenbucket *const *set, size_t count, uint64_t n,
+					 int64_t deadline, int cancel_fd);
+
 #ifdef __cplusplus
 }
 #endif

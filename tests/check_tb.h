@@ -66,5 +66,7 @@ Suite *table_shared_suite(void);
 Suite *limit_suite(void);
 /* 1.2: a table's rate and burst change (table/test_table_regime.c). */
 Suite *table_regime_suite(void);
+/* 1.2: several limits in one decision (core/test_set.c). */
+Suite *set_suite(void);
 
 #endif

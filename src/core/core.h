@@ -196,6 +196,12 @@ int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0);
  */
 void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst, bool allowed,
 		int64_t level, struct tokenbucket_result *res);
+/*
+ * Fills *res for a decision on n tokens already made (allowed), at the
+ * bucket's clock: the report of tokenbucket_allow_result_at.  0, or
+ * -EBADMSG for a corrupt bucket.  (Sets report each bucket with it.)
+ */
+int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res);
 
 /* ---- regime.c: life cycle and writers ----------------------------------- */
 

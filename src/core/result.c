@@ -32,15 +32,9 @@ void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst
 	res->reset_after_ns = level >= (int64_t)burst ? 0 : until(v, at, burst - (uint64_t)level);
 }
 
-int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t now, uint64_t n,
-				struct tokenbucket_result *res)
+int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res)
 {
-	if (tb == NULL || res == NULL)
-		return -EINVAL;
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	bool allowed = tokenbucket_allow_at(tb, now, n);
-	if (n > burst)
-		tokenbucket_tokens_at(tb, now); /* refused at once: the report is at now */
 	if (tb__unlimited(tb)) {
 		*res = (struct tokenbucket_result){
 			.allowed = true,
@@ -71,6 +65,18 @@ int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t now, uint64_t n,
 	}
 	tb__result(&v, at, n, burst, allowed, level, res);
 	return 0;
+}
+
+int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t now, uint64_t n,
+				struct tokenbucket_result *res)
+{
+	if (tb == NULL || res == NULL)
+		return -EINVAL;
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	bool allowed = tokenbucket_allow_at(tb, now, n);
+	if (n > burst)
+		tokenbucket_tokens_at(tb, now); /* refused at once: the report is at now */
+	return tb__report(tb, n, allowed, res);
 }
 
 int tokenbucket_allow_result(struct tokenbucket *tb, uint64_t n, struct tokenbucket_result *res)

@@ -211,11 +211,15 @@ enum tb__fast_take {
 /*
  * The usual take, in registers: a stable regime, a time within its horizon,
  * no capped release, not unlimited, and enough tokens; what lies above
- * burst is dropped in the same CAS when q = 1 (P(t) = F(t)).
+ * burst is dropped in the same CAS when q = 1 (P(t) = F(t)).  When taken,
+ * a caller that passes seen (else NULL, compiled away) gets the view the
+ * take decided on and the head it read: the level just after the take is
+ * head(at) - ticket under it.
  */
 static inline __attribute__((always_inline)) enum tb__fast_take
-tb__fast_take(struct tokenbucket *tb, int64_t now, uint64_t n, uint64_t burst, int64_t *at,
-	      uint64_t *ticket, uint64_t *seen_tail)
+tb__fast_take_seen(struct tokenbucket *tb, int64_t now, uint64_t n, uint64_t burst, int64_t *at,
+		   uint64_t *ticket, uint64_t *seen_tail, struct tb__view *seen,
+		   uint64_t *seen_head)
 {
 	struct tb__view f;
 	if (tb__capped(tb) || tb__unlimited(tb) || !tb__load_regime(tb, &f))
@@ -239,9 +243,21 @@ tb__fast_take(struct tokenbucket *tb, int64_t now, uint64_t n, uint64_t burst, i
 	}
 	if ((n == 0 && base == tail) || atomic_compare_exchange_strong(&tb->tail, &tail, base + n)) {
 		*ticket = base + n;
+		if (seen) {
+			*seen = f;
+			seen->until = TOKENBUCKET_NEVER;
+			*seen_head = head;
+		}
 		return TB__FAST_TAKEN;
 	}
 	return TB__FAST_SLOW;
+}
+
+static inline __attribute__((always_inline)) enum tb__fast_take
+tb__fast_take(struct tokenbucket *tb, int64_t now, uint64_t n, uint64_t burst, int64_t *at,
+	      uint64_t *ticket, uint64_t *seen_tail)
+{
+	return tb__fast_take_seen(tb, now, n, burst, at, ticket, seen_tail, NULL, NULL);
 }
 
 #endif /* TOKENBUCKET_ROVERS_H */

@@ -24,6 +24,7 @@
 #include <sys/mman.h>
 #include <sys/random.h>
 
+#include "relax.h"
 #include "siphash.h"
 #include "shm.h"
 #include "table.h"
@@ -75,15 +76,6 @@ struct tokenbucket_table {
 
 /* Spins a caller waits for another's claim before working around it. */
 #define TBT_SPINS 64
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
 
 /* ---- State words ---------------------------------------------------------- */
 
@@ -564,13 +556,13 @@ static struct tbt_slot *insert(struct tokenbucket_table *t, const struct tbt_cal
 		if (pending && spins < TBT_SPINS) {
 			/* Another caller is inserting this key: let it finish. */
 			spins++;
-			cpu_relax();
+			tb__cpu_relax();
 			continue;
 		}
 		if (best < 0 || (worth == TBT_LOSSY && !(t->flags & TOKENBUCKET_TABLE_EVICT))) {
 			if (busy >= 0) {
 				if (spins++ < TBT_SPINS) {
-					cpu_relax();
+					tb__cpu_relax();
 					continue;
 				}
 				/*

@@ -644,6 +644,132 @@ static void run_table(struct input *in)
 	tokenbucket_table_free(t);
 }
 
+#define SET_BUCKETS 3
+
+/*
+ * A set of SET_BUCKETS buckets (1.2), each against its own model bucket;
+ * the model of a set call is the single-bucket calls it is made of, on
+ * the models: allow_all allows when every model holds n (then takes n from
+ * each), reporting the first bucket short among those after the first,
+ * else the first; reserve_all reserves from each in order and cancels the
+ * earlier ones at the same time when one refuses, acting at the latest
+ * time_to_act; a reserve_all cancelled at once leaves every model as it
+ * was.  Times only grow.  Every level is compared after every call.
+ */
+static void run_set(struct input *in)
+{
+	struct tokenbucket *set[SET_BUCKETS];
+	struct model *m[SET_BUCKETS];
+	uint64_t burst[SET_BUCKETS];
+	int64_t now = INT64_C(1000000000) + (int64_t)bytes(in, 4);
+	opname = "set_create";
+	for (int i = 0; i < SET_BUCKETS; i++) {
+		uint64_t tokens = u8(in) & 7; /* 0: rate 0 */
+		int64_t period = 1 + (int64_t)bytes(in, 3);
+		burst[i] = 1 + u8(in) % 16;
+		trace("set[%d] = create_every(%" PRIu64 ", %" PRId64 ", %" PRIu64 ")", i, tokens,
+		      period, burst[i]);
+		same_i64("create error", tokenbucket_create_every(&set[i], tokens, period, burst[i], 0),
+			 0);
+		if (model_create_every(&m[i], tokens, period, burst[i], 0))
+			abort();
+		close_tokens(tokenbucket_tokens_at(set[i], now), model_tokens_at(m[i], now));
+	}
+	for (step = 1; step <= MAX_STEPS; step++) {
+		int op = steer(in);
+		if (op < 0)
+			break;
+		now += (int64_t)u8(in) * pow10s[u8(in) % 7];
+		uint64_t n = u8(in) % 18;
+		switch (op % 4) {
+		case 0: {
+			opname = "allow_all_at";
+			trace("allow_all_at(%" PRId64 ", %" PRIu64 ")", now, n);
+			struct tokenbucket_set_result res;
+			int err = tokenbucket_allow_all_at(set, SET_BUCKETS, now, n, &res);
+			int want = 0;
+			for (int i = 0; i < SET_BUCKETS; i++)
+				if (n > burst[i])
+					want = -E2BIG;
+			same_i64("error", err, want);
+			if (err)
+				break;
+			int first = -1;
+			for (int i = 1; i < SET_BUCKETS + 1 && first < 0; i++)
+				if (model_tokens_at(m[i % SET_BUCKETS], now) < (double)n)
+					first = i % SET_BUCKETS;
+			same_u64("allowed", res.allowed, first < 0);
+			uint64_t fewest = UINT64_MAX, index = 0;
+			for (int i = 0; i < SET_BUCKETS; i++) {
+				if (first < 0 && !model_allow_at(m[i], now, n))
+					diverge("model refused a take it had checked");
+				double left = model_tokens_at(m[i], now);
+				uint64_t whole = left > 0 ? (uint64_t)left : 0;
+				if (first < 0 ? whole < fewest : i == first) {
+					fewest = whole;
+					index = (uint64_t)i;
+				}
+			}
+			same_u64("index", res.index, index);
+			same_u64("remaining", res.remaining, fewest);
+			same_u64("limit", res.limit, burst[res.index]);
+			break;
+		}
+		case 1:
+		case 2: {
+			opname = op % 4 == 1 ? "reserve_all_at" : "reserve_all_at+cancel_all_at";
+			int64_t wait = pick_wait(in);
+			trace("%s(%" PRId64 ", %" PRIu64 ", %" PRId64 ")", opname, now, n, wait);
+			struct tokenbucket_reservation a[SET_BUCKETS], b[SET_BUCKETS];
+			int ea = tokenbucket_reserve_all_at(set, SET_BUCKETS, now, n, wait, a);
+			int eb = 0;
+			for (int i = 0; i < SET_BUCKETS && eb == 0; i++)
+				if (n > burst[i])
+					eb = -E2BIG;
+			int64_t act = INT64_MIN;
+			for (int i = 0; i < SET_BUCKETS && eb == 0; i++) {
+				eb = model_reserve_at(m[i], now, n, wait, &b[i]);
+				if (eb) {
+					while (i-- > 0)
+						model_cancel_at(m[i], &b[i], now);
+				} else if (b[i].time_to_act > act) {
+					act = b[i].time_to_act;
+				}
+			}
+			same_i64("error", ea, eb);
+			if (ea)
+				break;
+			for (int i = 0; i < SET_BUCKETS; i++) {
+				same_i64("time_to_act", a[i].time_to_act, act);
+				same_u64("tokens", a[i].tokens, b[i].tokens);
+			}
+			if (op % 4 == 2) {
+				same_i64("cancel", tokenbucket_cancel_all_at(set, SET_BUCKETS, now, a), 0);
+				for (int i = 0; i < SET_BUCKETS; i++) {
+					model_cancel_at(m[i], &b[i], now);
+					same_u64("tokens after cancel", a[i].tokens, 0);
+				}
+			}
+			break;
+		}
+		default: {
+			int k = u8(in) % SET_BUCKETS;
+			opname = "allow_at";
+			trace("set[%d] allow_at(%" PRId64 ", %" PRIu64 ")", k, now, n);
+			same_u64("result", tokenbucket_allow_at(set[k], now, n),
+				 model_allow_at(m[k], now, n));
+			break;
+		}
+		}
+		for (int i = 0; i < SET_BUCKETS; i++)
+			close_tokens(tokenbucket_tokens_at(set[i], now), model_tokens_at(m[i], now));
+	}
+	for (int i = 0; i < SET_BUCKETS; i++) {
+		model_free(m[i]);
+		tokenbucket_free(set[i]);
+	}
+}
+
 static void run_input(struct input *in)
 {
 	struct run r = { 0 };
@@ -654,6 +780,10 @@ static void run_input(struct input *in)
 		return;
 	if ((cfg & 0xe3) == 0xc3) {
 		run_table(in);
+		return;
+	}
+	if ((cfg & 0xe3) == 0x83) {
+		run_set(in);
 		return;
 	}
 	unsigned flags = (cfg & 0x10) ? TOKENBUCKET_CAPPED_RELEASE : 0;
@@ -735,11 +865,15 @@ static int make_seeds(const char *dir)
 {
 	static const uint8_t configs[] = { 0x03, 0x13, 0x02, 0x12, 0x00, 0x11, 0x07, 0xf3 };
 	int written = 0;
-	for (int s = 0; s < 44; s++) {
+	for (int s = 0; s < 52; s++) {
 		uint8_t plan[64];
 		size_t n = 0;
-		plan[n++] = s < 40 ? configs[s % sizeof(configs)] : 0xc3; /* 40-43: tables */
-		if (s >= 40) {
+		/* 40-43: tables; 44-51: sets of buckets. */
+		plan[n++] = s < 40 ? configs[s % sizeof(configs)] : s < 44 ? 0xc3 : 0x83;
+		if (s >= 44) {
+			for (int i = 0; i < 60; i++)
+				plan[n++] = (uint8_t)((i * 5 + s) % 4);
+		} else if (s >= 40) {
 			for (int i = 0; i < 48; i++)
 				plan[n++] = (uint8_t)((i * 3 + s) % 5);
 		} else if (s < 32) {

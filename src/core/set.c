@@ -1,0 +1,420 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Several limits in one decision: n tokens from every bucket of a set, or
+ * from none.  Built on each bucket's own lock-free take; a refusal gives
+ * back what the earlier buckets gave, exactly when no other call took from
+ * them meanwhile (the take is undone), and otherwise never more than the
+ * bucket missed.  docs/sets.md has the model and the bounds; every
+ * function here is lock-free and may run in any number of threads at once.
+ */
+#include <errno.h>
+
+#include "relax.h"
+#include "rovers.h"
+#include "sleep.h"
+
+/*
+ * r->reserved of a set's reservation: this mark and the bucket's gen
+ * before the take.  A writer that ran since (gen changed: a rate change, a
+ * normalization, a reset) makes the give-back give nothing, which is safe:
+ * a reset forgets what was taken.
+ */
+#define SET_MARK (UINT64_C(1) << 63)
+
+/* Reads of the tail a give-back makes, waiting for it to come back to its ticket. */
+#define UNDO_SPINS 64
+
+/* -EINVAL for a set no call accepts: NULL, empty, too long, a NULL or repeated bucket. */
+static int check_set(struct tokenbucket *const *set, size_t count)
+{
+	if (set == NULL || count == 0 || count > TOKENBUCKET_SET_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < count; i++) {
+		if (set[i] == NULL)
+			return -EINVAL;
+		for (size_t j = 0; j < i; j++)
+			if (set[j] == set[i])
+				return -EINVAL;
+	}
+	return 0;
+}
+
+/* -E2BIG if some bucket of finite rate could never hold n. */
+static int check_n(struct tokenbucket *const *set, size_t count, uint64_t n)
+{
+	for (size_t i = 0; i < count; i++)
+		if (n > atomic_load_explicit(&set[i]->burst, memory_order_relaxed) &&
+		    !tb__unlimited(set[i]))
+			return -E2BIG;
+	return 0;
+}
+
+/* The checks of a call that takes n: its output (has_out), the set, then n. */
+static int check_take(bool has_out, struct tokenbucket *const *set, size_t count, uint64_t n)
+{
+	if (!has_out)
+		return -EINVAL;
+	int err = check_set(set, count);
+	return err ? err : check_n(set, count, n);
+}
+
+/*
+ * Whether tb surely holds fewer than n tokens at now, read without taking
+ * (the now is recorded, as any call does).  False when unsure: the take
+ * then decides.  Only a level read with the tail it belongs to, at a time
+ * no earlier than any drop in that tail, refuses (as tokenbucket_allow_at).
+ */
+static bool short_now(struct tokenbucket *tb, int64_t now, uint64_t n)
+{
+	struct tb__view f;
+	if (tb__capped(tb) || tb__unlimited(tb) || !tb__load_regime(tb, &f))
+		return false;
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	uint64_t tail = atomic_load_explicit(&tb->tail, memory_order_acquire);
+	uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+	int64_t at;
+	if (n > burst || !tb__fast_observe(tb, now, &at) || !tb__fast_valid(tb, &f, at))
+		return false;
+	int64_t e = tb__level(head + f.hoff, tail);
+	if (e > (int64_t)burst || e >= (int64_t)n ||
+	    tb__fine_units(&f, at) >= (tb__u128)(n - (uint64_t)e) * f.q)
+		return false;
+	return atomic_load_explicit(&tb->tail, memory_order_acquire) == tail &&
+	       atomic_load(&tb->clock) == at;
+}
+
+/*
+ * What a take saw, for the report: on the fast path the view, the time
+ * and the level just after the take (have); otherwise the report reads
+ * the bucket again.
+ */
+struct seen {
+	struct tb__view v;
+	int64_t at;
+	int64_t level;
+	bool have;
+};
+
+/* One bucket's take, as tokenbucket_reserve_at, its reservation marked as a set's. */
+static int take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
+		    struct tokenbucket_reservation *r, struct seen *seen)
+{
+	uint64_t gen = atomic_load(&tb->gen);
+	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+	seen->have = false;
+	if (n <= burst && max_wait >= 0) {
+		int64_t at;
+		uint64_t ticket, tail, head;
+		if (tb__fast_take_seen(tb, now, n, burst, &at, &ticket, &tail, &seen->v, &head) ==
+		    TB__FAST_TAKEN) {
+			*r = (struct tokenbucket_reservation){
+				.time_to_act = at,
+				.tokens = n,
+				.ticket = ticket,
+				.reserved = gen | SET_MARK,
+			};
+			seen->at = at;
+			seen->level = tb__level(tb__head_at(&seen->v, head, at), ticket);
+			seen->have = true;
+			return 0;
+		}
+	}
+	struct tokenbucket_reservation one;
+	int err = tokenbucket_reserve_at(tb, now, n, max_wait, &one);
+	if (err)
+		return err;
+	one.reserved = gen | SET_MARK;
+	*r = one;
+	return 0;
+}
+
+/* Whether a writer ran on tb since the set's take of r. */
+static bool rewritten(const struct tokenbucket *tb, const struct tokenbucket_reservation *r)
+{
+	return (r->reserved & SET_MARK) && atomic_load(&tb->gen) != (r->reserved & ~SET_MARK);
+}
+
+/*
+ * Gives back the r->tokens a set's take of r took from tb, never more than
+ * the bucket missed because of it.
+ *
+ * Undo: if the tail is still the ticket, no call took or dropped since,
+ * so moving the tail back to where the take left it before its n (its own
+ * drop stays) leaves the bucket exactly as if it had never been taken
+ * from.  (Not under capped release, where ceil - tail counts what is in
+ * flight.)
+ *
+ * Otherwise the bucket missed min(n, burst - M), M the most it held since
+ * the take: whatever it held beyond burst - n was lost to the cap at
+ * burst, as it would have been lost with the n in it.  The head only
+ * grows and the tail never falls below the ticket, so
+ * M <= head(at) - ticket (at the clock, which the call first moves to
+ * its now), and giving back min(n, burst - (head(at) -
+ * ticket)) never gives too much.  It is linearized at the clock read
+ * after its compare-and-swap: if the clock moved on meanwhile, the part
+ * that the later head no longer allows is taken back.
+ */
+static void give_back(struct tokenbucket *tb, int64_t now, struct tokenbucket_reservation *r)
+{
+	uint64_t n = r->tokens;
+	r->tokens = 0;
+	if (n == 0 || tb__unlimited(tb) || rewritten(tb, r))
+		return;
+	/* The give-back is at now, or at the latest time the bucket has seen. */
+	tb__observe(tb, now);
+	uint64_t ticket = r->ticket;
+	if (!tb__capped(tb)) {
+		/*
+		 * A take after ours that is itself being given back (another set
+		 * refused) undoes first and brings the tail back to our ticket:
+		 * watch for that a bounded number of reads.
+		 */
+		for (int spin = 0; spin < UNDO_SPINS; spin++) {
+			uint64_t expect = ticket;
+			if (atomic_compare_exchange_strong(&tb->tail, &expect, ticket - n))
+				return;
+			tb__cpu_relax();
+		}
+	}
+	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
+		struct tb__view v;
+		int64_t at;
+		if (!tb__view_at_clock(tb, &v, &at) || rewritten(tb, r))
+			return;
+		uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
+		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
+		tb__i128 room = (tb__i128)burst - tb__level(tb__head_at(&v, head, at), ticket);
+		if (room <= 0)
+			return;
+		uint64_t g = room < (tb__i128)n ? (uint64_t)room : n;
+		if (atomic_load(&tb->clock) != at || atomic_load(&tb->gen) != v.gen)
+			continue;
+		if (!atomic_compare_exchange_strong(&tb->head, &head, head + g))
+			continue;
+		if (tb__capped(tb))
+			tb__raise_ceil(tb, g);
+		int64_t later = atomic_load(&tb->clock);
+		if (later != at && atomic_load(&tb->gen) == v.gen && later > at) {
+			tb__i128 after = (tb__i128)burst -
+					 tb__level(tb__head_at(&v, head, later), ticket);
+			uint64_t fair = after <= 0 ? 0 : after < (tb__i128)g ? (uint64_t)after : g;
+			if (fair < g)
+				tokenbucket_grab(tb, g - fair);
+		}
+		return;
+	}
+}
+
+/* Gives back r[0] to r[k - 1], the latest first (so that undoing is likelier). */
+static void give_back_all(struct tokenbucket *const *set, size_t k, int64_t now,
+			  struct tokenbucket_reservation *r)
+{
+	while (k-- > 0)
+		give_back(set[k], now, &r[k]);
+}
+
+/* Takes from every bucket as take_one, or from none: 0, or the first error. */
+static int take_all(struct tokenbucket *const *set, size_t count, int64_t now, uint64_t n,
+		    int64_t max_wait, struct tokenbucket_reservation *r, struct seen *seen,
+		    size_t *failed)
+{
+	for (size_t i = 0; i < count; i++) {
+		int err = take_one(set[i], now, n, max_wait, &r[i], &seen[i]);
+		if (err) {
+			give_back_all(set, i, now, r);
+			*failed = i;
+			return err;
+		}
+	}
+	return 0;
+}
+
+int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count, int64_t now,
+			     uint64_t n, struct tokenbucket_set_result *res)
+{
+	int err = check_take(res != NULL, set, count, n);
+	if (err)
+		return err;
+	struct tokenbucket_reservation r[TOKENBUCKET_SET_MAX];
+	struct seen seen[TOKENBUCKET_SET_MAX];
+	size_t refused = count;
+	/* A set that one bucket refuses is refused before anything is taken. */
+	for (size_t i = 1; i < count; i++) {
+		if (short_now(set[i], now, n)) {
+			refused = i;
+			break;
+		}
+	}
+	if (refused == count) {
+		err = take_all(set, count, now, n, 0, r, seen, &refused);
+		/* -ETIMEDOUT, -EOVERFLOW (deep debt), -E2BIG (a burst lowered meanwhile) refuse. */
+		if (err == -EBADMSG)
+			return err;
+	}
+	bool allowed = refused == count;
+	struct tokenbucket_set_result out = { .allowed = allowed, .index = refused };
+	uint64_t fewest = UINT64_MAX;
+	for (size_t i = 0; i < count; i++) {
+		struct tokenbucket_result one;
+		/* Allowed, a fast take already saw the level just after it. */
+		if (allowed && seen[i].have) {
+			uint64_t burst = atomic_load_explicit(&set[i]->burst, memory_order_relaxed);
+			tb__result(&seen[i].v, seen[i].at, n, burst, true,
+				   tb__capped_level(seen[i].level, burst), &one);
+		} else if (tb__report(set[i], n, allowed, &one)) {
+			if (allowed)
+				give_back_all(set, count, now, r);
+			return -EBADMSG;
+		}
+		if (allowed ? one.remaining < fewest : i == refused) {
+			fewest = one.remaining;
+			out.index = i;
+			out.limit = one.limit;
+			out.remaining = one.remaining;
+		}
+		if (one.retry_after_ns > out.retry_after_ns)
+			out.retry_after_ns = one.retry_after_ns;
+		if (one.reset_after_ns > out.reset_after_ns)
+			out.reset_after_ns = one.reset_after_ns;
+	}
+	if (allowed)
+		out.retry_after_ns = 0;
+	*res = out;
+	return 0;
+}
+
+int tokenbucket_allow_all(struct tokenbucket *const *set, size_t count, uint64_t n,
+			  struct tokenbucket_set_result *res)
+{
+	return tokenbucket_allow_all_at(set, count, tb__now(), n, res);
+}
+
+int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count, int64_t now,
+			       uint64_t n, int64_t max_wait, struct tokenbucket_reservation *r)
+{
+	int err = check_take(r != NULL, set, count, n);
+	if (err)
+		return err;
+	struct tokenbucket_reservation taken[TOKENBUCKET_SET_MAX];
+	struct seen seen[TOKENBUCKET_SET_MAX];
+	size_t failed;
+	err = take_all(set, count, now, n, max_wait, taken, seen, &failed);
+	if (err)
+		return err;
+	/* The set acts when the last of its buckets has the tokens. */
+	int64_t act = taken[0].time_to_act;
+	for (size_t i = 1; i < count; i++)
+		if (taken[i].time_to_act > act)
+			act = taken[i].time_to_act;
+	for (size_t i = 0; i < count; i++) {
+		taken[i].time_to_act = act;
+		r[i] = taken[i];
+	}
+	return 0;
+}
+
+int tokenbucket_reserve_all(struct tokenbucket *const *set, size_t count, uint64_t n,
+			    int64_t max_wait, struct tokenbucket_reservation *r)
+{
+	return tokenbucket_reserve_all_at(set, count, tb__now(), n, max_wait, r);
+}
+
+int tokenbucket_cancel_all_at(struct tokenbucket *const *set, size_t count, int64_t now,
+			      struct tokenbucket_reservation *r)
+{
+	if (r == NULL)
+		return -EINVAL;
+	int err = check_set(set, count);
+	if (err)
+		return err;
+	now = tb__time(now);
+	for (size_t k = count; k-- > 0;) {
+		if (now > r[k].time_to_act)
+			r[k].tokens = 0; /* too late: the set acted, the tokens were used */
+		else
+			give_back(set[k], now, &r[k]);
+	}
+	return 0;
+}
+
+int tokenbucket_cancel_all(struct tokenbucket *const *set, size_t count,
+			   struct tokenbucket_reservation *r)
+{
+	return tokenbucket_cancel_all_at(set, count, tb__now(), r);
+}
+
+/* Bounds of the pause between two checks of a set not yet covered (as wait.c). */
+#define RECHECK_MIN_NS 1000000
+#define RECHECK_MAX_NS 1000000000
+
+/*
+ * The most tokens any bucket of the set still misses for its
+ * reservation, after crediting the production up to the present; the
+ * pause the slowest needs goes to *pause.  -EBADMSG for a corrupt bucket.
+ */
+static int64_t missing_all(struct tokenbucket *const *set, size_t count,
+			   const struct tokenbucket_reservation *r, int64_t *now, int64_t *pause)
+{
+	bool missing = false;
+	*pause = 0;
+	for (size_t i = 0; i < count; i++) {
+		struct tb__view v;
+		int64_t at;
+		if (!tb__enter(set[i], tb__now(), &v, &at, true))
+			return -EBADMSG;
+		if (i == 0 || at > *now)
+			*now = at;
+		uint64_t m = tokenbucket_deficiency(set[i], r[i].ticket);
+		if (m == 0)
+			continue;
+		missing = true;
+		int64_t d = tokenbucket_duration_for(set[i], m);
+		if (d > *pause)
+			*pause = d;
+	}
+	return missing;
+}
+
+int tokenbucket_wait_all(struct tokenbucket *const *set, size_t count, uint64_t n,
+			 int64_t deadline, int cancel_fd)
+{
+	int err = check_take(true, set, count, n);
+	if (err)
+		return err;
+	err = tb__cancel_check(cancel_fd);
+	if (err)
+		return err;
+	int64_t now = tb__now();
+	struct tokenbucket_reservation r[TOKENBUCKET_SET_MAX];
+	err = tokenbucket_reserve_all_at(set, count, now, n, tb__max_wait_until(deadline, now), r);
+	if (err)
+		return err;
+	int64_t target = r[0].time_to_act;
+	for (;;) {
+		/* Never past the deadline (the buckets' clocks may run ahead of ours). */
+		if (target > deadline)
+			target = deadline;
+		err = tb__sleep_until(target < 0 ? 0 : target, cancel_fd);
+		if (err)
+			break;
+		int64_t pause;
+		int64_t missing = missing_all(set, count, r, &now, &pause);
+		if (missing <= 0) {
+			err = (int)missing;
+			if (err == 0)
+				return 0;
+			break;
+		}
+		if (now >= deadline) {
+			err = -ETIMEDOUT;
+			break;
+		}
+		pause = pause < RECHECK_MIN_NS ? RECHECK_MIN_NS
+			: pause > RECHECK_MAX_NS ? RECHECK_MAX_NS
+						  : pause;
+		target = pause >= deadline - now ? deadline : now + pause;
+	}
+	/* A wait that fails takes nothing, even after time_to_act. */
+	give_back_all(set, count, tb__now(), r);
+	return err;
+}
