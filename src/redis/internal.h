@@ -18,6 +18,9 @@
 /* The script, embedded at build time from tokenbucket.lua (script.c). */
 extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
+/* The Redis 7 function library (tokenbucket-function.lua) and its function's name. */
+extern const char tbr__function_text[];
+extern const char tbr__function_name[];
 
 /*
  * EVALSHA|EVAL sha|text 1 key op now tokens period burst n arg, and for an
