@@ -15,8 +15,9 @@
 set -eu
 gen=$1
 script=$2
-lib=
-[ $# -gt 2 ] && lib="--function $3"
+shift 2
+# What remains: the driver's --function LIBRARY, or nothing.
+[ $# -gt 0 ] && set -- --function "$1"
 . "$(dirname "$0")/../skip.sh"
 command -v lua5.1 >/dev/null 2>&1 || skip "lua differential: lua5.1 (package lua5.1) is not installed"
 total=${TOKENBUCKET_LUA_SEQUENCES:-50000}
@@ -24,12 +25,12 @@ half=$((total / 2))
 driver=$(dirname "$0")/driver.lua
 # --general: every step also runs on the script with its common case
 # turned off, and both must decide it alike, stored value and expiry included.
-"$gen" 1 "$half" 20 | lua5.1 "$driver" "$script" --general $lib &
+"$gen" 1 "$half" 20 | lua5.1 "$driver" "$script" --general "$@" &
 first=$!
 status=0
-"$gen" 2 "$((total - half))" 20 | lua5.1 "$driver" "$script" --general $lib || status=1
+"$gen" 2 "$((total - half))" 20 | lua5.1 "$driver" "$script" --general "$@" || status=1
 wait $first || status=1
 # Then hand-made steps the generator never writes: numbers with leading
 # zeros, rate 0 per a period other than 1, times below 1 s, the server's clock.
-lua5.1 "$driver" "$script" --general $lib < "$(dirname "$0")/noncanonical.steps" || status=1
+lua5.1 "$driver" "$script" --general "$@" < "$(dirname "$0")/noncanonical.steps" || status=1
 exit $status
