@@ -8,7 +8,7 @@
 -- script.  The build writes the library: a "#!lua name=tokenbucket_<hash>"
 -- line, the script wrapped as that function, this file, and the
 -- registration of the function of the library's name (tokenbucket-redis(7),
--- "The function").
+-- THE FUNCTION; docs/redis.md, "The function library").
 --
 -- What a function has that a script has not is state kept from call to
 -- call, in this chunk's locals.  It keeps only what is a pure function of
@@ -17,7 +17,7 @@
 --   cfgs[tokens][period][burst]  the configuration read and checked,
 --                                { p, q, burst, "tokens period burst" } or
 --                                false (the script decides the call)
---   ns[n]                        n read and checked, or false
+--   nss[n]                       n read and checked, or false
 --   secs[s]                      TIME's seconds read (the last one only)
 --   msm[ms]                      an expiry in ms as the decimal SET takes
 --   mv, m1 .. m5                 the last stored value read or written and
@@ -28,7 +28,9 @@
 -- TIME's microseconds, and on a hot key does not parse the value it wrote
 -- the call before.  The arithmetic is the script's common case, line for
 -- line; a value is written with one format of two integers and one
--- concatenation.
+-- concatenation.  A call handed to the script after TIME and GET has
+-- written nothing: the script reads both again and decides it at its own
+-- TIME, as if it came a few microseconds later.
 
 local find, match, format, fmod -- bound at the first call: a library's load sees no "string"
 local LIM = 9007199254740992 -- 2^53
