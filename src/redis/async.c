@@ -91,6 +91,8 @@ struct conn {
 	bool unreached;        /* ac never connected: its ops were never written */
 	bool loading;          /* a SCRIPT LOAD is on ac, its reply not read yet */
 	bool module;           /* ac's server has the module (TOKENBUCKET.VERSION) */
+	bool function;         /* ac's server has the function library */
+	bool function_loading; /* a FUNCTION LOAD is on ac, its reply not read yet */
 	int drop_err;          /* the error of the ops on an ac we free, or 0 */
 };
 
@@ -110,6 +112,7 @@ struct op {
 	struct tbr__node *ask; /* send there once, after ASKING */
 	bool asking;        /* sent after ASKING (NOSCRIPT sends it again so) */
 	bool module;        /* sent as TOKENBUCKET.CALL */
+	bool function;      /* sent as FCALL */
 	bool demoted;       /* answered READONLY once (a Sentinel client) */
 	int redirects;
 	unsigned slot;
@@ -325,6 +328,26 @@ static void on_loaded(redisAsyncContext *ac, void *reply, void *privdata)
 	c->loading = false;
 }
 
+/* FUNCTION LOAD's reply: the calls go as FCALL again if it worked. */
+static void on_function_loaded(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	(void)ac;
+	c->function_loading = false;
+	c->function = reply != NULL && tbr__function_loaded(reply);
+}
+
+static bool load_function(struct conn *c)
+{
+	if (c->function_loading)
+		return true;
+	if (redisAsyncCommandArgv(c->ac, on_function_loaded, c, 3, (const char **)tbr__function_load,
+				  NULL) != REDIS_OK)
+		return false;
+	c->function_loading = true;
+	return true;
+}
+
 /* A cluster's answer that says the call did not run here; true when o was sent on. */
 static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
 {
@@ -397,6 +420,16 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		resend(o, c);
 		return;
 	}
+	if (o->function && !c->dying && tbr__function_found(reply) == 0) {
+		/*
+		 * FUNCTION FLUSH: the call did not run.  The library goes once
+		 * more; meanwhile the calls go as the script, which decides alike.
+		 */
+		c->function = false;
+		load_function(c);
+		resend(o, c);
+		return;
+	}
 	int err = tbr__decode(&o->call, reply, &res, &rv, &tokens);
 	if (err == -ENOEXEC && !(o->call.flags & TOKENBUCKET_REDIS_EVAL) && !c->dying) {
 		/*
@@ -441,8 +474,11 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 static void send_op(struct op *o, struct conn *c)
 {
 	struct tbr__args args;
-	o->module = tbr__use_module(module_mode(o->a), c->module);
-	int err = tbr__args(&o->call, &args, o->module);
+	int mode = module_mode(o->a);
+	o->module = tbr__use_module(mode, c->module);
+	o->function = !o->module && c->function && mode != TOKENBUCKET_REDIS_MODULE_NEVER;
+	int err = tbr__args(&o->call, &args,
+			    o->module ? TBR__VIA_MODULE : o->function ? TBR__VIA_FUNCTION : TBR__VIA_SCRIPT);
 	if (err == 0 && redisAsyncCommandArgv(c->ac, on_reply, o, args.argc, args.argv + args.first,
 					      args.len + args.first) != REDIS_OK)
 		err = -ENOMEM;
@@ -481,6 +517,19 @@ static void on_probe(redisAsyncContext *ac, void *reply, void *privdata)
 	(void)ac;
 	if (reply != NULL)
 		c->module = tbr__module_speaks(reply);
+}
+
+/* The function library's probe (FCALL name 0): there, missing (loaded now), or no functions. */
+static void on_function_probe(redisAsyncContext *ac, void *reply, void *privdata)
+{
+	struct conn *c = privdata;
+	(void)ac;
+	if (reply == NULL || c->dying)
+		return;
+	int found = tbr__function_found(reply);
+	c->function = found == 1;
+	if (found == 0 && !c->module) /* the module's reply came first */
+		load_function(c);
 }
 
 /* SELECT, which the calls wait for. */
@@ -622,7 +671,11 @@ static int conn_open(struct conn *c)
 	/* The replies to ROLE and SELECT come first; meanwhile calls wait. */
 	c->ready = n->db == 0 && a->sentinel == NULL;
 	c->module = false;
+	c->function = false;
+	c->function_loading = false;
 	if (redisAsyncCommandArgv(ac, on_probe, c, 1, (const char **)tbr__module_probe, NULL) != REDIS_OK ||
+	    redisAsyncCommandArgv(ac, on_function_probe, c, 3, (const char **)tbr__function_probe, NULL) !=
+		    REDIS_OK ||
 	    (a->sentinel != NULL && redisAsyncCommand(ac, on_role, c, "ROLE") != REDIS_OK) ||
 	    (n->db != 0 && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK))
 		return -ENOMEM; /* ac stays: dropped with the ops' timeout */

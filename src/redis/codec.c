@@ -27,8 +27,9 @@ static void put_num(struct tbr__args *a, int i, int slot, bool is_signed, uint64
 	put(a, i, a->num[slot], (size_t)len);
 }
 
-int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bool module)
+int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via)
 {
+	bool module = via == TBR__VIA_MODULE;
 	if (call == NULL || a == NULL || (call->key == NULL && call->keylen > 0))
 		return -EINVAL;
 	if ((unsigned)call->op > TOKENBUCKET_REDIS_REFUND ||
@@ -46,6 +47,9 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bo
 		/* The module takes the script's arguments after the key count. */
 		a->first = 2;
 		put(a, 2, "TOKENBUCKET.CALL", 16);
+	} else if (via == TBR__VIA_FUNCTION) {
+		put(a, 0, "FCALL", 5);
+		put(a, 1, tbr__function_name, strlen(tbr__function_name));
 	} else if (call->flags & TOKENBUCKET_REDIS_EVAL) {
 		put(a, 0, "EVAL", 4);
 		put(a, 1, tbr__script_text, strlen(tbr__script_text));
@@ -89,6 +93,29 @@ bool tbr__module_speaks(const redisReply *rep)
 {
 	/* Version 1.x: TOKENBUCKET.CALL as tokenbucket-redis-module(7) describes it. */
 	return rep != NULL && rep->type == REDIS_REPLY_STRING && starts(rep->str, rep->len, "1.");
+}
+
+/* FCALL of the function with no key: the script's argument check answers. */
+const char *const tbr__function_probe[3] = { "FCALL", tbr__function_name, "0" };
+const char *const tbr__function_load[3] = { "FUNCTION", "LOAD", tbr__function_text };
+
+int tbr__function_found(const redisReply *rep)
+{
+	if (rep == NULL || rep->type != REDIS_REPLY_ERROR)
+		return -1;
+	if (starts(rep->str, rep->len, "ERR tokenbucket: bad argument count"))
+		return 1;
+	if (starts(rep->str, rep->len, "ERR Function not found"))
+		return 0;
+	return -1;
+}
+
+bool tbr__function_loaded(const redisReply *rep)
+{
+	/* The library's name, or another client loaded it first. */
+	return rep != NULL &&
+	       ((rep->type == REDIS_REPLY_STRING && strcmp(rep->str, tbr__function_name) == 0) ||
+		(rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "already exists") != NULL));
 }
 
 bool tbr__unknown_command(const redisReply *rep)

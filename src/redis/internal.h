@@ -18,9 +18,12 @@
 /* The script, embedded at build time from tokenbucket.lua (script.c). */
 extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
+/* The Redis 7 function library (tokenbucket-function.lua) and its function's name. */
+extern const char tbr__function_text[];
+extern const char tbr__function_name[];
 
 /*
- * EVALSHA|EVAL sha|text 1 key op now tokens period burst n arg, and for an
+ * EVALSHA|EVAL sha|text (or FCALL name) 1 key op now tokens period burst n arg, and for an
  * allow a last word "1" asking for the compact reply (4 integers), or for
  * the native module (tokenbucket-redis-module(7)) from argv[2] on:
  * TOKENBUCKET.CALL key op now tokens period burst n arg, with the 7-element
@@ -34,8 +37,26 @@ struct tbr__args {
 	int first, argc;
 };
 
-/* Checks call and points args at its fields (module: TOKENBUCKET.CALL); -EINVAL/-ERANGE on bad input. */
-int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, bool module);
+/*
+ * How a call goes: EVALSHA (or EVAL) of the script, TOKENBUCKET.CALL of the
+ * module, or FCALL of the function library's function (from argv[0], as
+ * the script's: FCALL name 1 key op ...).
+ */
+enum { TBR__VIA_SCRIPT = 0, TBR__VIA_MODULE = 1, TBR__VIA_FUNCTION = 2 };
+/* Checks call and points args at its fields (via: TBR__VIA_*); -EINVAL/-ERANGE on bad input. */
+int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via);
+/*
+ * The function library, found once per connection where the server has no
+ * module: tbr__function_probe (FCALL name 0) replies the script's "bad
+ * argument count" where the function is there (tbr__function_found 1),
+ * "Function not found" where it is not (0: tbr__function_load loads it,
+ * and tbr__function_loaded says whether that worked), anything else (-1)
+ * where there are no functions (Redis 5 and 6) or no permission: the script.
+ */
+extern const char *const tbr__function_probe[3];
+extern const char *const tbr__function_load[3];
+int tbr__function_found(const redisReply *rep);
+bool tbr__function_loaded(const redisReply *rep);
 
 /*
  * Whether the server has the module, from its reply to TOKENBUCKET.VERSION

@@ -212,6 +212,23 @@ static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 		return err;
 	c->module = tbr__module_speaks(rep);
 	freeReplyObject(rep);
+	c->function = false;
+	if (!c->module) {
+		/* The function library, loaded here if the server has functions but not it. */
+		err = tbr__conn_command(c, 3, tbr__function_probe, &rep);
+		if (err != 0)
+			return err;
+		int found = tbr__function_found(rep);
+		freeReplyObject(rep);
+		if (found == 0) {
+			err = tbr__conn_command(c, 3, tbr__function_load, &rep);
+			if (err != 0)
+				return err;
+			found = tbr__function_loaded(rep);
+			freeReplyObject(rep);
+		}
+		c->function = found == 1;
+	}
 	if (n->sentinel != NULL) {
 		/* What a sentinel named may have been demoted since: a replica refuses writes. */
 		static const char *const role[] = { "ROLE" };
@@ -419,7 +436,8 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 	struct tbr__args a;
 	*unsent = false;
 	bool module = tbr__use_module(mode, c->module);
-	int err = tbr__args(call, &a, module);
+	bool function = !module && c->function && mode != TOKENBUCKET_REDIS_MODULE_NEVER;
+	int err = tbr__args(call, &a, module ? TBR__VIA_MODULE : function ? TBR__VIA_FUNCTION : TBR__VIA_SCRIPT);
 	if (err != 0)
 		return err;
 	*rep = NULL;
@@ -446,6 +464,24 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 		*rep = NULL;
 		c->module = false;
 		return tbr__conn_call(c, call, asking, mode, rep, unsent);
+	}
+	if (err == 0 && function && tbr__function_found(*rep) == 0) {
+		/*
+		 * FUNCTION FLUSH, or a server without it: the call did not run.
+		 * The library is loaded again for the next calls, and this one
+		 * goes as the script, which decides alike.
+		 */
+		freeReplyObject(*rep);
+		*rep = NULL;
+		redisReply *r = NULL;
+		err = tbr__conn_command(c, 3, tbr__function_load, &r);
+		if (err != 0)
+			return err;
+		bool loaded = tbr__function_loaded(r);
+		freeReplyObject(r);
+		c->function = false;
+		err = tbr__conn_call(c, call, asking, mode, rep, unsent);
+		c->function = loaded;
 	}
 	return err;
 }

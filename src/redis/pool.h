@@ -27,6 +27,7 @@ struct tbr__conn {
 	redisContext *c;
 	int64_t timeout_ns; /* the socket timeouts now set on c */
 	bool module;        /* its server has the module (until it answers otherwise) */
+	bool function;      /* its server has the function library (the same) */
 	uint64_t epoch;     /* a Sentinel client's: its node's epoch when it was made */
 	struct tbr__conn *next;
 };

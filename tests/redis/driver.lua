@@ -1,6 +1,6 @@
 -- SPDX-License-Identifier: MIT
 --
--- usage: lua5.1 driver.lua SCRIPT [--general] < steps
+-- usage: lua5.1 driver.lua SCRIPT [--general] [--function LIBRARY] < steps
 --
 -- Runs the bucket script outside Redis, with redis.call reduced to GET, SET
 -- and TIME on a table, and checks each step against what the local library
@@ -16,11 +16,16 @@
 -- every allow also runs asking for the compact reply (ARGV[8] "1"), on a
 -- store of its own, and must leave the same value and expiry and reply
 -- either the same or the same in integers.  A step
--- at the caller's time must leave the key without an expiry.  Exits 1 at
--- the first difference.
+-- at the caller's time must leave the key without an expiry.  With
+-- --function every step also runs asking for the compact reply on the
+-- function of LIBRARY (the Redis 7 function library the build writes, its
+-- state kept from step to step as a server keeps it), on a store of its
+-- own, and must reply and store what the script does.  Exits 1 at the
+-- first difference.
 local script = assert(loadfile(arg[1]))
-local general
-if arg[2] == "--general" then
+local general, library
+local opt = 2
+if arg[opt] == "--general" then
 	local f = assert(io.open(arg[1]))
 	local src = f:read("*a")
 	f:close()
@@ -32,11 +37,20 @@ if arg[2] == "--general" then
 	end
 	general = assert(loadstring(string.sub(src, 1, i) .. "local common = false\n"
 		.. string.sub(src, j + 1), "=general"))
-elseif arg[2] then
-	io.stderr:write("usage: lua5.1 driver.lua SCRIPT [--general] < steps\n")
+	opt = opt + 1
+end
+if arg[opt] == "--function" and arg[opt + 1] then
+	local f = assert(io.open(arg[opt + 1]))
+	-- The "#!lua name=" line is Redis's, not Lua's.
+	library = assert(loadstring(string.gsub(f:read("*a"), "^#![^\n]*", ""), "=library"))
+	f:close()
+	opt = opt + 2
+end
+if arg[opt] then
+	io.stderr:write("usage: lua5.1 driver.lua SCRIPT [--general] [--function LIBRARY] < steps\n")
 	os.exit(2)
 end
-local stores, store = { {}, {}, {} }, nil
+local stores, store = { {}, {}, {}, {}, {} }, nil
 local clock = { "1700000000", "0" }
 local sets, concats, concat = 0, 0, table.concat
 table.concat = function(...)
@@ -47,9 +61,17 @@ end
 local function reply_error(msg)
 	return { err = msg }
 end
+-- GETs made during a step by the function library's own code and by its
+-- script: a step with only the former was decided by the library's path.
+local watch, own, others, fast = false, 0, 0, 0
 redis = {
 	call = function(cmd, k, v, px, ms)
 		if cmd == "GET" then
+			if watch and debug.getinfo(2, "f").func == watch then
+				own = own + 1
+			elseif watch then
+				others = others + 1
+			end
 			return store[k] and store[k].value or false
 		elseif cmd == "SET" then
 			sets = sets + 1
@@ -62,6 +84,16 @@ redis = {
 	end,
 	error_reply = reply_error,
 }
+-- The library registers one function, called with KEYS and ARGV.
+local fcall, fcalls
+if library then
+	redis.register_function = function(name, f)
+		fcall = f
+	end
+	library()
+	redis.register_function = nil
+	fcalls = 0
+end
 
 -- A reply and the key's stored value and expiry, as one line.
 local function summary(r, k)
@@ -143,6 +175,41 @@ for line in io.lines() do
 	if #c == 4 then
 		compacts = compacts + 1
 	end
+	-- The function: the same reply and the same store as the script's, on
+	-- stores of their own, with the step moved to the server's clock (whose
+	-- TIME reads its time to the microsecond) where its time allows: the
+	-- function's own path decides only allows on the server's clock.
+	if fcall then
+		local fargs = { ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], "1" }
+		local s, u = string.match(ARGV[2], "^([1-9]%d*)(%d%d%d%d%d%d)%d%d%d$")
+		if s then
+			fargs[2], clock = "", { s, tostring(tonumber(u)) }
+		end
+		local argv = ARGV
+		ARGV = fargs
+		store = stores[4]
+		local sr = script()
+		ARGV = argv
+		local s4 = store[f[1]]
+		store = stores[5]
+		watch, own, others = fcall, 0, 0
+		local fr = fcall({ f[1] }, fargs)
+		watch = false
+		if own > 0 and others == 0 then
+			fast = fast + 1
+		end
+		local s5 = store[f[1]]
+		local a = sr.err and sr.err or concat(sr, " ", 1, #sr)
+		local b = fr.err and fr.err or concat(fr, " ", 1, #fr)
+		if (s4 and s4.value .. " " .. s4.px or "nil") ~= (s5 and s5.value .. " " .. s5.px or "nil")
+			or a ~= b then
+			io.stderr:write("script and function differ at step ", steps + 1, ":\n  ", line,
+				"\n  script   ", a, " | ", s4 and s4.value .. " " .. s4.px or "nil",
+				"\n  function ", b, " | ", s5 and s5.value .. " " .. s5.px or "nil", "\n")
+			os.exit(1)
+		end
+		fcalls = fcalls + 1
+	end
 	store = stores[1]
 	-- Expiry runs on the server's clock: a step at the caller's time leaves
 	-- the key without one.
@@ -185,6 +252,14 @@ if general then
 	print(string.format("lua differential: %d steps in %d sequences, %d of them decided by the "
 		.. "common case, each the same with it off, %d allows replied in integers; no difference",
 		steps, n, common, compacts))
+	if fcalls then
+		print(string.format("lua differential: the function library the same on all %d steps, "
+			.. "%d of them decided by its own path", fcalls, fast))
+		if fast == 0 then
+			io.stderr:write("the function library's own path decided no step\n")
+			os.exit(1)
+		end
+	end
 	if common == 0 or compacts == 0 then
 		io.stderr:write("the common case decided no step, or replied in integers to none\n")
 		os.exit(1)

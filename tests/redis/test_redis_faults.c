@@ -82,6 +82,43 @@ START_TEST(test_script_flush)
 }
 END_TEST
 
+/*
+ * Redis 7: the client loaded its function library and calls it; FUNCTION
+ * FLUSH loses it, and the next call (which did not run) goes as the script
+ * and loads the library again.
+ */
+/* How many tokenbucket libraries the server has; -1 for no FUNCTION. */
+static long libraries(void)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	redisReply *r = redisCommand(c, "FUNCTION LIST LIBRARYNAME tokenbucket_*");
+	ck_assert_ptr_nonnull(r);
+	long n = r->type == REDIS_REPLY_ARRAY ? (long)r->elements : -1;
+	freeReplyObject(r);
+	redisFree(c);
+	return n;
+}
+
+START_TEST(test_function_flush)
+{
+	works("k");
+	if (libraries() < 0)
+		return; /* no functions (Redis 5 and 6): the script, tested above */
+	ck_assert_int_eq(libraries(), 1);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(server_cmd(&srv, "FUNCTION FLUSH"), REDIS_REPLY_STATUS);
+		ck_assert_int_eq(libraries(), 0);
+		works("k");
+		ck_assert_int_eq(libraries(), 1);
+	}
+	ck_assert_int_eq(server_cmd(&srv, "FUNCTION FLUSH"), REDIS_REPLY_STATUS);
+	struct tokenbucket_reservation r;
+	ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("k"), &lim, 1, TOKENBUCKET_NEVER, &r, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_cancel(cli, KEY("k"), &lim, &r), 0);
+}
+END_TEST
+
 START_TEST(test_garbage_and_other_types)
 {
 	works("k");
@@ -328,7 +365,7 @@ Suite *redis_faults_suite(void)
 	Suite *s = suite_create("redis-faults");
 	redis_tcase(s, "faults", redis_setup, 30,
 		    (const TTest *const[]){ test_killed_and_restarted, test_paused_past_the_timeout,
-					    test_script_flush, test_garbage_and_other_types,
+					    test_script_flush, test_function_flush, test_garbage_and_other_types,
 					    test_oom, test_readonly_replica, test_local_fallback,
 					    NULL });
 	redis_tcase(s, "stale", redis_setup, 30,

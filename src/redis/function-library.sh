@@ -1,0 +1,24 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# usage: function-library.sh SCRIPT FUNCTION
+#
+# Writes the Redis 7 function library of libtokenbucket-redis on stdout:
+# the script (tokenbucket.lua) as the local function script(KEYS, ARGV),
+# then FUNCTION (tokenbucket-function.lua), then the registration of the
+# function call as tokenbucket_<the first 16 hex digits of the SHA-1 of
+# what precedes>, which is also the library's name: a changed library is a
+# new name, so that clients of two versions never replace each other's.
+set -eu
+body=$(mktemp)
+trap 'rm -f "$body"' EXIT
+{
+	printf 'local function script(KEYS, ARGV)\n'
+	cat "$1"
+	printf 'end\n'
+	cat "$2"
+} >"$body"
+name=tokenbucket_$(sha1sum "$body" | cut -c1-16)
+printf '#!lua name=%s\n' "$name"
+cat "$body"
+printf 'redis.register_function("%s", call)\n' "$name"
