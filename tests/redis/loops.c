@@ -49,6 +49,28 @@ void loop_poll(void)
 		uv_run(&uvloop, UV_RUN_NOWAIT);
 }
 
+static void no_op(uv_timer_t *t)
+{
+	(void)t;
+}
+
+void loop_wait(int64_t ns)
+{
+	if (kind == LIBEVENT) {
+		struct timeval tv = { .tv_sec = ns / 1000000000, .tv_usec = ns % 1000000000 / 1000 };
+		event_base_loopexit(base, &tv);
+		event_base_loop(base, EVLOOP_ONCE);
+	} else {
+		/* libuv's timers count whole milliseconds. */
+		uv_timer_t t;
+		ck_assert_int_eq(uv_timer_init(&uvloop, &t), 0);
+		uv_timer_start(&t, no_op, (uint64_t)(ns + 999999) / 1000000, 0);
+		uv_run(&uvloop, UV_RUN_ONCE);
+		uv_close((uv_handle_t *)&t, NULL);
+		uv_run(&uvloop, UV_RUN_NOWAIT);
+	}
+}
+
 void loop_fini(void)
 {
 	if (kind == LIBEVENT) {

@@ -19,6 +19,8 @@ struct tokenbucket_redis_async *async_open(struct tokenbucket_redis *r);
 void loop_once(void);
 /* One turn of the loop that waits for nothing: what is ready runs. */
 void loop_poll(void);
+/* One turn of the loop that waits for an event at most ns (a server with nothing to do). */
+void loop_wait(int64_t ns);
 /* Frees the loop; its clients are closed first. */
 void loop_fini(void);
 /* Sanitizers and valgrind slow this process (not the servers) by up to this. */
