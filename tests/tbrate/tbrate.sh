@@ -166,6 +166,38 @@ group_pacing() {
 	# Progress on standard error.
 	seq 1 3 | $TB -l -r 100/s -p >/dev/null 2>"$tmp/err"
 	expect_in "progress" "$tmp/err" "3 lines"
+
+	# Several rates, all or nothing: a quota's default burst is its amount
+	# over the written period (10 per 2 s holds 10).  30 lines at 100/s
+	# under 10/2s: 10 at once, 20 more at 5/s take 4 s.
+	t0=$(now_ns)
+	seq 1 30 | $TB -l -r 100/s -r 10/2s >"$tmp/out"
+	el=$(($(now_ns) - t0))
+	[ "$(wc -l <"$tmp/out")" -eq 30 ] || fail "two rates: $(wc -l <"$tmp/out") lines of 30"
+	at_least "two rates, the quota binds" $el $(ms 4000)
+	at_most "two rates" $el $(ms 7000)
+	# The first rate binds when the quota is large; -b pairs with its -r.
+	t0=$(now_ns)
+	seq 1 11 | $TB -l -r 20/s -r 1000/h -b 1 -b 1000 >"$tmp/out"
+	el=$(($(now_ns) - t0))
+	at_least "two rates, the pace binds" $el $(ms 500)
+	# A quota spent stops the output: 5 an hour lets 5 lines through, then
+	# the deadline ends tbrate (3) with nothing more written.
+	rc=0
+	seq 1 8 | $TB -l -r 1000/s -r 5/h -t 1 >"$tmp/out" || rc=$?
+	expect_rc "quota spent" 3 $rc
+	[ "$(wc -l <"$tmp/out")" -eq 5 ] || fail "quota spent: $(wc -l <"$tmp/out") lines of 5"
+	# Bytes under a byte quota: 3000 bytes, 1000 of them at once, then 1 kB/s.
+	pace "bytes, two rates" 3000 1000 1000 -r 1M/s -r 1kB/s -b 4k -b 1000
+	# The statistics name every rate.
+	seq 1 100 | $TB -l -r 50/s -r 1000/h -b 1 -b 7 >/dev/null 2>"$tmp/err" &
+	pid=$!
+	sleep 0.5
+	kill -USR1 "$pid"
+	sleep 0.3
+	kill "$pid" 2>/dev/null || true
+	wait "$pid" || true
+	expect_in "statistics, two rates" "$tmp/err" "burst 7"
 }
 
 # two WHAT SHARE_OPTIONS...: two tbrate processes on one bucket for 1 s
@@ -395,7 +427,11 @@ group_errors() {
 	for args in "-r 5Q/s" "-r" "-x" "-r 1/s -l -- true" "-r 1/s --redis redis://x" \
 		"-r 1/s --key k" "-r 1/s -n 0 -- true" "-r 1/s -n 5" "-r 1/s -t 0" \
 		"-r 1/s -b 1.5" "-l -r 1kB/s" "" "--rate-file /nonexistent" \
-		"-r 1/s --shared a --redis redis://x --key k" "--unlink" "-r 1/s --shared a/b"; do
+		"-r 1/s --shared a --redis redis://x --key k" "--unlink" "-r 1/s --shared a/b" \
+		"-r 1/s -r 2/s --shared a" "-r 1/s -r 2/s --redis redis://x --key k" \
+		"-r 1/s -b 1 -b 2" "-r 1/s -r 2/s -b 1 -b 2 -b 3" "-l -r 1/s -r 1kB/s" \
+		"-r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s -r 1/s" \
+		"-r 1/s -r 0/s" "-r 1/s --rate-file /dev/null"; do
 		rc=0
 		# shellcheck disable=SC2086 # the words are options
 		$TB $args </dev/null >/dev/null 2>"$tmp/err" || rc=$?

@@ -70,6 +70,31 @@ START_TEST(rate_good)
 }
 END_TEST
 
+/* The period as written, which a quota's default burst is counted over. */
+START_TEST(rate_span)
+{
+	static const struct {
+		const char *text;
+		int64_t span_ns;
+	} spans[] = {
+		{ "1", NS },          { "5/min", 60 * NS },    { "1GB/h", 3600 * NS },
+		{ "7r/3s", 3 * NS },  { "30r/2min", 120 * NS }, { "1/d", 86400 * NS },
+		{ "3600/h", 3600 * NS },
+	};
+	for (int i = 0; i < N_OF(spans); i++) {
+		struct tbrate_rate r;
+		char err[TBRATE_ERR_SIZE] = "";
+		ck_assert_msg(tbrate_parse_rate(spans[i].text, &r, err) == 0, "%s: %s",
+			      spans[i].text, err);
+		ck_assert_msg(r.span_ns == spans[i].span_ns, "%s: span %lld, want %lld",
+			      spans[i].text, (long long)r.span_ns, (long long)spans[i].span_ns);
+	}
+	struct tbrate_rate r;
+	char err[TBRATE_ERR_SIZE] = "";
+	ck_assert(tbrate_parse_rate("unlimited", &r, err) == 0 && r.span_ns == 0);
+}
+END_TEST
+
 START_TEST(rate_unlimited)
 {
 	struct tbrate_rate r;
@@ -237,6 +262,7 @@ static Suite *units_suite(void)
 	Suite *s = suite_create("tbrate-units");
 	TCase *tc = tcase_create("parse");
 	tcase_add_loop_test(tc, rate_good, 0, N_OF(good_rates));
+	tcase_add_test(tc, rate_span);
 	tcase_add_test(tc, rate_unlimited);
 	tcase_add_loop_test(tc, rate_bad, 0, N_OF(bad_rates));
 	tcase_add_loop_test(tc, size_good, 0, N_OF(good_sizes));

@@ -83,7 +83,7 @@ static const char *const unit_words[] = { "bytes", "lines", "runs" };
 
 struct pending {
 	bool active;
-	struct tokenbucket_reservation r;
+	struct tokenbucket_reservation r[TOKENBUCKET_SET_MAX]; /* one per bucket of the set */
 };
 
 static struct {
@@ -101,7 +101,13 @@ static struct {
 	char **command;
 	char **run_argv;               /* the words of the run in progress */
 
-	struct tokenbucket *tb;        /* private or named */
+	struct tokenbucket *tb;        /* private or named: the first rate's */
+	/*
+	 * Every -r a private bucket, taken all or nothing (tokenbucket_reserve_all);
+	 * set[0] is tb.  One rate: count 1 and the single-bucket calls.
+	 */
+	struct tokenbucket *set[TOKENBUCKET_SET_MAX];
+	size_t count;
 #ifdef TBRATE_HAVE_REDIS
 	struct tokenbucket_redis *redis;
 	struct tokenbucket_redis_limit lim;
@@ -172,13 +178,20 @@ static double bucket_rate(void)
 	return tokenbucket_rate(g.tb);
 }
 
+/* The smallest burst of the set: no take may ask more. */
 static uint64_t bucket_burst(void)
 {
 #ifdef TBRATE_HAVE_REDIS
 	if (g.redis)
 		return g.lim.burst;
 #endif
-	return tokenbucket_burst(g.tb);
+	uint64_t b = tokenbucket_burst(g.tb);
+	for (size_t i = 1; i < g.count; i++) {
+		uint64_t bi = tokenbucket_burst(g.set[i]);
+		if (bi < b)
+			b = bi;
+	}
+	return b;
 }
 
 static uint64_t default_burst(const struct tbrate_rate *r)
@@ -196,6 +209,21 @@ static uint64_t default_burst(const struct tbrate_rate *r)
 	/* BURST_NS worth of the rate, within [1, 4 * CHUNK_MAX]. */
 	unsigned __int128 b = (unsigned __int128)r->tokens * BURST_NS / (uint64_t)r->period_ns;
 	return b < 1 ? 1 : b > 4 * CHUNK_MAX ? 4 * CHUNK_MAX : (uint64_t)b;
+}
+
+/*
+ * The default burst of a second or later -r: the rate over the period it
+ * was written with ("1GB/h" holds 1 GB, "1000/h" 1000), so that a quota
+ * lets its whole amount through in any such period at the first rate's
+ * pace.  At least 1, at most TOKENBUCKET_BURST_MAX.
+ */
+static uint64_t quota_burst(const struct tbrate_rate *r)
+{
+	if (r->unlimited)
+		return default_burst(r);
+	unsigned __int128 b = (unsigned __int128)r->tokens * (uint64_t)r->span_ns /
+			      (uint64_t)r->period_ns;
+	return b < 1 ? 1 : b > TOKENBUCKET_BURST_MAX ? TOKENBUCKET_BURST_MAX : (uint64_t)b;
 }
 
 /* Bytes to read for the next chunk: CHUNK_NS of the rate in force, within burst. */
@@ -217,11 +245,14 @@ static void cancel_pending(void)
 	if (g.lease)
 		return; /* a lease's wait takes nothing unless it succeeds */
 	if (g.redis) {
-		(void)tokenbucket_redis_cancel(g.redis, g.key, strlen(g.key), &g.lim, &g.pending.r);
+		(void)tokenbucket_redis_cancel(g.redis, g.key, strlen(g.key), &g.lim, &g.pending.r[0]);
 		return;
 	}
 #endif
-	tokenbucket_cancel(g.tb, &g.pending.r);
+	if (g.count > 1)
+		(void)tokenbucket_cancel_all(g.set, g.count, g.pending.r);
+	else
+		tokenbucket_cancel(g.tb, &g.pending.r[0]);
 }
 
 static void draw_progress(bool final);
@@ -240,7 +271,8 @@ static _Noreturn void finish(int code)
 	if (g.shared)
 		tokenbucket_close(g.tb);
 	else
-		tokenbucket_free(g.tb);
+		for (size_t i = 0; i < g.count; i++)
+			tokenbucket_free(g.set[i]);
 	exit(code);
 }
 
@@ -339,11 +371,19 @@ static void print_stats(void)
 		snprintf(rate, sizeof(rate), "unlimited");
 	else
 		snprintf(rate, sizeof(rate), "%.6g/s", r);
+	/* Every further rate, with its burst and what it holds now. */
+	char more[TOKENBUCKET_SET_MAX * 64] = "";
+	size_t used = 0;
+	for (size_t i = 1; i < g.count && used < sizeof(more); i++)
+		used += (size_t)snprintf(more + used, sizeof(more) - used,
+					 "; rate %.6g/s, burst %" PRIu64 ", %.0f left",
+					 tokenbucket_rate(g.set[i]), tokenbucket_burst(g.set[i]),
+					 floor(tokenbucket_tokens(g.set[i])));
 	warnx_("%" PRIu64 " %s in %.3f s (%.6g/s), %.3f s waiting for tokens, rate %s, "
-	       "burst %" PRIu64 "%s",
+	       "burst %" PRIu64 "%s%s",
 	       g.total, unit_words[g.mode], secs, secs > 0 ? (double)g.total / secs : 0.0,
-	       (double)g.waited / 1e9, rate, bucket_burst(),
-	       g.mode == MODE_COMMAND && g.failed ? ", some runs failed" : "");
+	       (double)g.waited / 1e9, rate, g.count > 1 ? tokenbucket_burst(g.tb) : bucket_burst(),
+	       more, g.mode == MODE_COMMAND && g.failed ? ", some runs failed" : "");
 }
 
 static void reload_rate(void)
@@ -445,7 +485,7 @@ static int reserve(uint64_t n, int64_t *target)
 	if (g.redis) {
 		struct tokenbucket_result res;
 		e = tokenbucket_redis_reserve(g.redis, g.key, strlen(g.key), &g.lim, n, max_wait,
-					      &g.pending.r, &res);
+					      &g.pending.r[0], &res);
 		if (e == 0)
 			*target = res.retry_after_ns == TOKENBUCKET_NEVER
 					  ? TOKENBUCKET_NEVER
@@ -453,9 +493,13 @@ static int reserve(uint64_t n, int64_t *target)
 	} else
 #endif
 	{
-		e = tokenbucket_reserve_at(g.tb, now, n, max_wait, &g.pending.r);
+		/* A set's every reservation holds the set's time: the latest bucket's. */
+		if (g.count > 1)
+			e = tokenbucket_reserve_all_at(g.set, g.count, now, n, max_wait, g.pending.r);
+		else
+			e = tokenbucket_reserve_at(g.tb, now, n, max_wait, &g.pending.r[0]);
 		if (e == 0)
-			*target = g.pending.r.time_to_act;
+			*target = g.pending.r[0].time_to_act;
 	}
 	if (e == 0) {
 		g.pending.active = true;
@@ -542,11 +586,18 @@ static void take(uint64_t n)
 				 * A rate lowered since the reservation may hold the tokens
 				 * back; the head rover counts what was produced once credited.
 				 */
-				tokenbucket_replenish(g.tb, now);
-				uint64_t missing = tokenbucket_deficiency(g.tb, g.pending.r.ticket);
-				if (missing == 0)
+				int64_t more = 0;
+				for (size_t i = 0; i < g.count; i++) {
+					tokenbucket_replenish(g.set[i], now);
+					uint64_t missing =
+						tokenbucket_deficiency(g.set[i], g.pending.r[i].ticket);
+					int64_t d = missing ? tokenbucket_duration_for(g.set[i], missing)
+							    : 0;
+					if (d > more)
+						more = d;
+				}
+				if (more == 0)
 					break;
-				int64_t more = tokenbucket_duration_for(g.tb, missing);
 				target = more == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : now + more;
 			}
 			if (g.deadline != TOKENBUCKET_NEVER && now >= g.deadline)
@@ -913,10 +964,12 @@ static void usage(FILE *f)
 		"\n"
 		"  -r, --rate=RATE        tokens per period: 10M/s, 2.5KiB/s, 64kbit/s, 5/min,\n"
 		"                         unlimited (SI k M G T P E, IEC Ki Mi ... Ei; B bytes,\n"
-		"                         b or bit bits; /s /min /h /d, default /s)\n"
+		"                         b or bit bits; /s /min /h /d, default /s); again\n"
+		"                         for more limits, all obeyed (-r 10MB/s -r 1GB/h)\n"
 		"  -b, --burst=SIZE       the bucket's size (default: 20 ms of the rate in\n"
-		"                         bytes, 250 ms with --redis, 1 line or run); the\n"
-		"                         first SIZE go at once\n"
+		"                         bytes, 250 ms with --redis, 1 line or run; a\n"
+		"                         later rate's is its amount, 1GB/h holds 1GB); the\n"
+		"                         first SIZE go at once; the n-th -b is the n-th -r's\n"
 		"  -l, --lines            pace lines, not bytes\n"
 		"  -n, --count=N          run COMMAND at most N times\n"
 		"  -t, --deadline=TIME    give up after TIME (500ms, 30s, 2min, 1h; s default)\n"
@@ -1032,7 +1085,9 @@ int main(int argc, char **argv)
 		{ "version", no_argument, NULL, 'V' },
 		{ NULL, 0, NULL, 0 },
 	};
-	const char *rate_arg = NULL, *burst_arg = NULL;
+	/* The n-th -b is the n-th -r's burst. */
+	const char *rate_args[TOKENBUCKET_SET_MAX], *burst_args[TOKENBUCKET_SET_MAX];
+	size_t nrate = 0, nburst = 0;
 	int64_t deadline_ns = 0;
 	bool lines = false, unlink_it = false;
 	char err[TBRATE_ERR_SIZE];
@@ -1040,10 +1095,14 @@ int main(int argc, char **argv)
 	while ((c = getopt_long(argc, argv, "+r:b:ln:t:ps:hV", opts, NULL)) != -1) {
 		switch (c) {
 		case 'r':
-			rate_arg = optarg;
+			if (nrate == TOKENBUCKET_SET_MAX)
+				bad_usage("at most %d rates", TOKENBUCKET_SET_MAX);
+			rate_args[nrate++] = optarg;
 			break;
 		case 'b':
-			burst_arg = optarg;
+			if (nburst == TOKENBUCKET_SET_MAX)
+				bad_usage("at most %d bursts", TOKENBUCKET_SET_MAX);
+			burst_args[nburst++] = optarg;
 			break;
 		case 'l':
 			lines = true;
@@ -1127,21 +1186,33 @@ int main(int argc, char **argv)
 	if (g.redis_url)
 		bad_usage("this tbrate was built without Redis support");
 #endif
-	if (rate_arg && g.rate_file)
+	if (nrate && g.rate_file)
 		bad_usage("--rate and --rate-file exclude each other");
-	if (rate_arg) {
-		if (tbrate_parse_rate(rate_arg, &g.rate, err))
+	if (nrate > 1 && (g.shared || g.redis_url))
+		bad_usage("several rates are kept in private buckets: --shared and --redis take one");
+	if (nburst > (nrate > 1 ? nrate : 1))
+		bad_usage("%zu bursts for %zu rates: each -b is the burst of one -r", nburst,
+			  nrate);
+	struct tbrate_rate rates[TOKENBUCKET_SET_MAX];
+	uint64_t bursts[TOKENBUCKET_SET_MAX] = { 0 };
+	for (size_t i = 0; i < nrate; i++) {
+		if (tbrate_parse_rate(rate_args[i], &rates[i], err))
 			bad_usage("rate %s", err);
-		if (g.rate.bytes_unit && g.mode != MODE_BYTES)
-			bad_usage("rate \"%s\": a byte unit needs the byte mode", rate_arg);
+		if (rates[i].bytes_unit && g.mode != MODE_BYTES)
+			bad_usage("rate \"%s\": a byte unit needs the byte mode", rate_args[i]);
+	}
+	for (size_t i = 0; i < nburst; i++)
+		if (tbrate_parse_size(burst_args[i], TOKENBUCKET_BURST_MAX, &bursts[i], err))
+			bad_usage("burst %s", err);
+	if (nrate) {
+		g.rate = rates[0];
 	} else if (g.rate_file) {
 		if (read_rate_file(&g.rate, err))
 			bad_usage("rate file %s", err);
 	} else {
 		bad_usage("a rate is needed (-r or --rate-file)");
 	}
-	if (burst_arg && tbrate_parse_size(burst_arg, TOKENBUCKET_BURST_MAX, &g.burst, err))
-		bad_usage("burst %s", err);
+	g.burst = bursts[0];
 
 	if (pipe2(g.sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0) {
 		warnx_("pipe: %s", strerror(errno));
@@ -1156,8 +1227,10 @@ int main(int argc, char **argv)
 	sigaction(SIGTERM, &sa, NULL);
 	signal(SIGPIPE, SIG_IGN);
 
+	g.count = 1;
 	if (g.shared) {
 		open_shared();
+		g.set[0] = g.tb;
 	}
 #ifdef TBRATE_HAVE_REDIS
 	else if (g.redis_url) {
@@ -1170,9 +1243,20 @@ int main(int argc, char **argv)
 				? tokenbucket_create(&g.tb, TOKENBUCKET_INF, burst, 0)
 				: tokenbucket_create_every(&g.tb, g.rate.tokens, g.rate.period_ns,
 							   burst, 0);
+		g.set[0] = g.tb;
 		if (e) {
 			warnx_("bucket: %s", strerror(-e));
 			return EXIT_BUCKET;
+		}
+		for (size_t i = 1; i < nrate; i++) {
+			uint64_t b = bursts[i] ? bursts[i] : quota_burst(&rates[i]);
+			struct tokenbucket_limit lim = exact_limit(&rates[i], b);
+			e = tokenbucket_create_limit(&g.set[i], &lim, 0);
+			if (e) {
+				warnx_("bucket for rate \"%s\": %s", rate_args[i], strerror(-e));
+				finish(EXIT_BUCKET);
+			}
+			g.count = i + 1;
 		}
 	}
 	g.start = tokenbucket_now();

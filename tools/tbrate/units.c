@@ -219,6 +219,8 @@ int tbrate_parse_rate(const char *s, struct tbrate_rate *out, char err[TBRATE_ER
 	if ((e = reduce(s, num, den, &r.tokens, &q, err)))
 		return e;
 	r.period_ns = (int64_t)q;
+	u128 span = (u128)period->ns * count;
+	r.span_ns = span > INT64_MAX ? INT64_MAX : (int64_t)span;
 	*out = r;
 	return 0;
 }

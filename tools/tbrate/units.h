@@ -32,6 +32,9 @@ struct tbrate_rate {
 	bool bytes_unit;    /* the text named a byte or bit unit */
 	uint64_t tokens;    /* >= 1 unless unlimited */
 	int64_t period_ns;  /* >= 1 unless unlimited */
+	/* The period as written ("1GB/h": an hour), in ns, INT64_MAX if longer;
+	 * 0 if unlimited.  A quota's natural burst is the rate over it. */
+	int64_t span_ns;
 };
 
 /* Room for any message the parsers write. */
