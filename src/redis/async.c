@@ -86,6 +86,7 @@ struct conn {
 	redisAsyncContext *ac; /* NULL while there is none */
 	int fd;                /* ac's descriptor, as last told to watch */
 	unsigned want;         /* the events asked for on fd */
+	unsigned watched;      /* the events the loop was last told of (want, at a frame's end) */
 	bool ready;            /* ac may carry calls (set up) */
 	bool dying;            /* ac is being freed: send nothing more on it */
 	bool unreached;        /* ac never connected: its ops were never written */
@@ -171,19 +172,37 @@ static void bind_op(struct op *o, struct conn *c)
 
 /* ---- The event loop ------------------------------------------------------- */
 
+static void sync_watch(struct conn *c)
+{
+	if (c->want != c->watched) {
+		c->watched = c->want;
+		c->a->loop.watch(c->a->loop.data, c->fd, c->want);
+	}
+}
+
 static void want(struct conn *c, unsigned set, unsigned clear)
 {
-	unsigned w = (c->want | set) & ~clear;
-	if (w != c->want) {
-		c->want = w;
-		c->a->loop.watch(c->a->loop.data, c->fd, w);
-	}
+	c->want = (c->want | set) & ~clear;
+	sync_watch(c);
+}
+
+/*
+ * Within a frame the write interest is told to the loop at the frame's end
+ * (settle): a call appended by a callback is written by the same frame
+ * (conn_flush), so the interest would be added and dropped again for
+ * nothing, two system calls each in most loops.
+ */
+static void want_write(struct conn *c, bool on)
+{
+	c->want = on ? c->want | TOKENBUCKET_REDIS_WRITE : c->want & ~TOKENBUCKET_REDIS_WRITE;
+	if (c->a->depth == 0)
+		sync_watch(c);
 }
 
 static void ev_add_read(void *p) { want(p, TOKENBUCKET_REDIS_READ, 0); }
 static void ev_del_read(void *p) { want(p, 0, TOKENBUCKET_REDIS_READ); }
-static void ev_add_write(void *p) { want(p, TOKENBUCKET_REDIS_WRITE, 0); }
-static void ev_del_write(void *p) { want(p, 0, TOKENBUCKET_REDIS_WRITE); }
+static void ev_add_write(void *p) { want_write(p, true); }
+static void ev_del_write(void *p) { want_write(p, false); }
 
 /* hiredis frees the connection (after failing its callbacks): nothing is watched any more. */
 static void ev_cleanup(void *p)
@@ -479,9 +498,14 @@ static void send_op(struct op *o, struct conn *c)
 	o->function = !o->module && c->function && mode != TOKENBUCKET_REDIS_MODULE_NEVER;
 	int err = tbr__args(&o->call, &args,
 			    o->module ? TBR__VIA_MODULE : o->function ? TBR__VIA_FUNCTION : TBR__VIA_SCRIPT);
-	if (err == 0 && redisAsyncCommandArgv(c->ac, on_reply, o, args.argc, args.argv + args.first,
-					      args.len + args.first) != REDIS_OK)
+	char buf[TBR__RESP_STACK], *heap = NULL;
+	ssize_t n = err == 0 ? tbr__resp(&args, buf, sizeof(buf), &heap) : 0;
+	if (n < 0)
+		err = (int)n;
+	if (err == 0 &&
+	    redisAsyncFormattedCommand(c->ac, on_reply, o, heap ? heap : buf, (size_t)n) != REDIS_OK)
 		err = -ENOMEM;
+	free(heap);
 	bind_op(o, err == 0 ? c : NULL);
 	o->err = err;
 }
@@ -631,7 +655,7 @@ static void conn_attach(struct conn *c, redisAsyncContext *ac)
 {
 	c->ac = ac;
 	c->fd = ac->c.fd;
-	c->want = 0;
+	c->want = c->watched = 0;
 	c->dying = c->unreached = c->loading = false;
 	ac->data = c;
 	ac->ev.data = c;
@@ -921,6 +945,16 @@ static void send_waiting(struct tokenbucket_redis_async *a)
  * failed before they were sent, sends what waits, writes what may go, and
  * arms the timer.  The caller blocks SIGPIPE.
  */
+/* Tells the loop the write interest the frame ending has left (want_write). */
+static void sync_all(struct tokenbucket_redis_async *a)
+{
+	for (size_t i = 0; i < a->nconns; i++)
+		if (a->conns[i]->ac != NULL)
+			sync_watch(a->conns[i]);
+	if (a->asker.ac != NULL)
+		sync_watch(&a->asker);
+}
+
 static void settle(struct tokenbucket_redis_async *a)
 {
 	unsigned long seen;
@@ -938,6 +972,7 @@ static void settle(struct tokenbucket_redis_async *a)
 			conn_flush(a->conns[i]);
 		/* A write that failed closed its connection and ran callbacks, which may start calls. */
 	} while (a->completed != seen);
+	sync_all(a);
 	arm(a);
 }
 
@@ -1076,6 +1111,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 		return 0; /* within a callback: settle() sends it on the way out */
 	a->depth++;
 	send_waiting(a); /* errors are completed from the timer, never from here */
+	sync_all(a);
 	arm(a);
 	leave(a);
 	return 0;

@@ -20,11 +20,65 @@ static void put(struct tbr__args *a, int i, const char *s, size_t len)
 	a->len[i] = len;
 }
 
+/* v in decimal at out (room for 20 digits); its length.  No locale, no printf. */
+static size_t u64_dec(char *out, uint64_t v)
+{
+	char tmp[20];
+	size_t n = 0;
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v != 0);
+	for (size_t i = 0; i < n; i++)
+		out[i] = tmp[n - 1 - i];
+	return n;
+}
+
 static void put_num(struct tbr__args *a, int i, int slot, bool is_signed, uint64_t v)
 {
-	int len = is_signed ? snprintf(a->num[slot], sizeof(a->num[slot]), "%" PRId64, (int64_t)v)
-			    : snprintf(a->num[slot], sizeof(a->num[slot]), "%" PRIu64, v);
-	put(a, i, a->num[slot], (size_t)len);
+	char *s = a->num[slot];
+	size_t len = 0;
+	if (is_signed && (int64_t)v < 0) {
+		s[len++] = '-';
+		v = -v; /* INT64_MIN too: its magnitude as uint64_t */
+	}
+	len += u64_dec(s + len, v);
+	put(a, i, s, len);
+}
+
+ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap)
+{
+	/* "*argc\r\n", then "$len\r\n" arg "\r\n" each: at most 26 bytes of framing each. */
+	size_t need = 26;
+	for (int i = a->first; i < a->first + a->argc; i++) {
+		if (a->len[i] > SIZE_MAX / 2 - need)
+			return -ENOMEM;
+		need += 26 + a->len[i];
+	}
+	char *out = buf;
+	*heap = NULL;
+	if (need > size) {
+		out = *heap = malloc(need);
+		if (out == NULL)
+			return -ENOMEM;
+	}
+	char *o = out;
+	*o++ = '*';
+	o += u64_dec(o, (uint64_t)a->argc);
+	*o++ = '\r';
+	*o++ = '\n';
+	for (int i = a->first; i < a->first + a->argc; i++) {
+		*o++ = '$';
+		o += u64_dec(o, a->len[i]);
+		*o++ = '\r';
+		*o++ = '\n';
+		if (a->len[i] > 0)
+			memcpy(o, a->argv[i], a->len[i]);
+		o += a->len[i];
+		*o++ = '\r';
+		*o++ = '\n';
+	}
+	return o - out;
 }
 
 int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via)
@@ -279,19 +333,11 @@ int tokenbucket_redis_format(const struct tokenbucket_redis_call *call, char **c
 	int err = tbr__args(call, &a, false);
 	if (err != 0)
 		return err;
-	char *out = NULL;
-	int n = redisFormatCommandArgv(&out, a.argc, a.argv, a.len);
-	if (n < 0 || out == NULL)
-		return -ENOMEM;
-	/* hiredis allocates with malloc; give the caller a buffer free() takes. */
-	char *copy = malloc((size_t)n + 1);
-	if (copy == NULL) {
-		redisFreeCommand(out);
-		return -ENOMEM;
-	}
-	memcpy(copy, out, (size_t)n + 1);
-	redisFreeCommand(out);
-	*cmd = copy;
+	char *out;
+	ssize_t n = tbr__resp(&a, NULL, 0, &out); /* always in malloc'd memory: free() takes it */
+	if (n < 0)
+		return (int)n;
+	*cmd = out;
 	*len = (size_t)n;
 	return 0;
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <hiredis/hiredis.h>
 
@@ -45,6 +46,14 @@ struct tbr__args {
 enum { TBR__VIA_SCRIPT = 0, TBR__VIA_MODULE = 1, TBR__VIA_FUNCTION = 2 };
 /* Checks call and points args at its fields (via: TBR__VIA_*); -EINVAL/-ERANGE on bad input. */
 int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via);
+/*
+ * The arguments a->argv[first ..] as one RESP command, the bytes hiredis's
+ * redisFormatCommandArgv makes, without printf or sds: into buf when they
+ * fit its size, else into *heap (malloc'd; the caller frees it, NULL when
+ * unused).  The command's length, or -ENOMEM.
+ */
+#define TBR__RESP_STACK 1024 /* a call with a key of up to ~600 bytes fits on the stack */
+ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap);
 /*
  * The function library, found once per connection where the server has no
  * module: tbr__function_probe (FCALL name 0) replies the script's "bad

@@ -441,8 +441,14 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 	if (err != 0)
 		return err;
 	*rep = NULL;
-	if ((asking && redisAppendCommand(c->c, "ASKING") != REDIS_OK) ||
-	    redisAppendCommandArgv(c->c, a.argc, a.argv + a.first, a.len + a.first) != REDIS_OK)
+	char buf[TBR__RESP_STACK], *heap;
+	ssize_t n = tbr__resp(&a, buf, sizeof(buf), &heap);
+	if (n < 0)
+		return (int)n;
+	bool appended = (!asking || redisAppendCommand(c->c, "ASKING") == REDIS_OK) &&
+			redisAppendFormattedCommand(c->c, heap ? heap : buf, (size_t)n) == REDIS_OK;
+	free(heap);
+	if (!appended)
 		return -ENOMEM;
 	/* A write that fails leaves the call incomplete at the server: it did not run. */
 	err = conn_flush(c);

@@ -6,6 +6,7 @@
  * URLs.
  */
 #include <hiredis/hiredis.h>
+#include <inttypes.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -120,6 +121,77 @@ static int exchange(int fd, const struct tokenbucket_redis_call *call, struct to
 		}
 	}
 }
+
+/*
+ * tokenbucket_redis_format, the blocking calls and the asynchronous ones
+ * write the same bytes: the library's own RESP writer against hiredis's,
+ * for every operation, extreme numbers, and keys empty, binary and longer
+ * than the writer's stack buffer.
+ */
+START_TEST(test_format_bytes)
+{
+	static char longkey[3000];
+	memset(longkey, 'k', sizeof(longkey));
+	const struct {
+		const char *key;
+		size_t keylen;
+	} keys[] = { { "", 0 }, { "a", 1 }, { "a\0b\r\n", 5 }, { longkey, sizeof(longkey) } };
+	const int64_t nows[] = { 0, 1, -1, INT64_MIN, INT64_MAX, 1000000000 };
+	const struct tokenbucket_redis_limit lims[] = {
+		{ 0, 1, 0 }, { 1, 1, 1 }, { UINT64_MAX, INT64_MAX, TOKENBUCKET_BURST_MAX },
+	};
+	int checked = 0;
+	for (int op = TOKENBUCKET_REDIS_ALLOW; op <= TOKENBUCKET_REDIS_REFUND; op++)
+		for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++)
+			for (size_t t = 0; t < sizeof(nows) / sizeof(nows[0]); t++)
+				for (size_t l = 0; l < sizeof(lims) / sizeof(lims[0]); l++) {
+					struct tokenbucket_redis_call call = {
+						.op = op, .flags = t > 0 ? TOKENBUCKET_REDIS_AT : 0,
+						.key = keys[k].key, .keylen = keys[k].keylen,
+						.limit = lims[l], .now = nows[t],
+						.n = op == TOKENBUCKET_REDIS_RESET ? 0 : UINT64_MAX - t,
+						.arg = nows[t],
+					};
+					char *cmd;
+					size_t len;
+					ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), 0);
+					/* Parse it back with hiredis's reader: its argv, then hiredis's bytes. */
+					ck_assert(len > 4 && cmd[0] == '*');
+					int argc = atoi(cmd + 1);
+					ck_assert(argc >= 11 && argc <= 12);
+					const char *argv[12];
+					size_t argl[12];
+					const char *p = strchr(cmd, '\n') + 1;
+					for (int i = 0; i < argc; i++) {
+						ck_assert(*p == '$');
+						argl[i] = strtoull(p + 1, NULL, 10);
+						p = strchr(p, '\n') + 1;
+						argv[i] = p;
+						p += argl[i] + 2;
+					}
+					ck_assert(p == cmd + len);
+					char *want = NULL;
+					int wlen = redisFormatCommandArgv(&want, argc, argv, argl);
+					ck_assert_int_eq(wlen, (int)len);
+					ck_assert(memcmp(want, cmd, len) == 0);
+					ck_assert(argl[3] == keys[k].keylen &&
+						  memcmp(argv[3], keys[k].key, keys[k].keylen) == 0);
+					/* The numbers, as printf writes them. */
+					char num[32];
+					snprintf(num, sizeof(num), "%" PRId64, nows[t]);
+					ck_assert(t == 0 ? argl[5] == 0
+							 : argl[5] == strlen(num) && memcmp(argv[5], num, argl[5]) == 0);
+					snprintf(num, sizeof(num), "%" PRIu64, call.n);
+					ck_assert(argl[9] == strlen(num) && memcmp(argv[9], num, argl[9]) == 0);
+					snprintf(num, sizeof(num), "%" PRIu64, lims[l].tokens);
+					ck_assert(argl[6] == strlen(num) && memcmp(argv[6], num, argl[6]) == 0);
+					redisFreeCommand(want);
+					free(cmd);
+					checked++;
+				}
+	ck_assert_int_eq(checked, 6 * 4 * 6 * 3);
+}
+END_TEST
 
 START_TEST(test_format_and_parse)
 {
@@ -423,7 +495,7 @@ Suite *redis_api_suite(void)
 {
 	Suite *s = suite_create("redis-api");
 	redis_tcase(s, "api", redis_setup, 30,
-		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client,
+		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_format_bytes, test_prefix_tcp_and_db, test_threads_share_a_client,
 					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection,
 					    test_fork_while_pipelined, NULL });
 	return s;
