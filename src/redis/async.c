@@ -214,16 +214,40 @@ static void ev_cleanup(void *p)
 }
 
 /*
+ * Writes what hiredis has buffered for c's server, as
+ * redisAsyncHandleWrite does but with send(MSG_NOSIGNAL): no SIGPIPE, so
+ * no signal mask to set and restore in every frame.  A connection still
+ * being made, and a write that failed (c's error is set, so hiredis
+ * writes nothing and fails the connection with its calls), go through
+ * hiredis's handler, SIGPIPE blocked around it.  May free ac (ev_cleanup).
+ */
+static void conn_write(struct conn *c)
+{
+	redisContext *ctx = &c->ac->c;
+	if (ctx->flags & REDIS_CONNECTED) {
+		int done = tbr__write_nosignal(ctx);
+		if (done >= 0) {
+			want_write(c, done == 1);
+			want(c, TOKENBUCKET_REDIS_READ, 0);
+			return;
+		}
+	}
+	struct tbr__sigpipe sp;
+	tbr__sigpipe_block(&sp);
+	redisAsyncHandleWrite(c->ac);
+	tbr__sigpipe_restore(&sp);
+}
+
+/*
  * Writes what hiredis has buffered for c's server (every call appended
- * since the last write: hiredis writes its whole buffer at once) in the
- * frame that appended it, rather than on the loop's next turn.  What would
- * block waits for the loop.  The caller blocks SIGPIPE.
+ * since the last write) in the frame that appended it, rather than on the
+ * loop's next turn.  What would block waits for the loop.
  */
 static void conn_flush(struct conn *c)
 {
 	if (c->ac != NULL && !c->dying && (c->ac->c.flags & REDIS_CONNECTED) &&
 	    (c->want & TOKENBUCKET_REDIS_WRITE))
-		redisAsyncHandleWrite(c->ac); /* may free ac (ev_cleanup) */
+		conn_write(c);
 }
 
 /* Arms the timer for the earliest deadline or pause, or at once when ops have failed. */
@@ -940,11 +964,6 @@ static void send_waiting(struct tokenbucket_redis_async *a)
 	refresh(a, now);
 }
 
-/*
- * After the library's work on the connections: completes the ops that
- * failed before they were sent, sends what waits, writes what may go, and
- * arms the timer.  The caller blocks SIGPIPE.
- */
 /* Tells the loop the write interest the frame ending has left (want_write). */
 static void sync_all(struct tokenbucket_redis_async *a)
 {
@@ -954,6 +973,12 @@ static void sync_all(struct tokenbucket_redis_async *a)
 	if (a->asker.ac != NULL)
 		sync_watch(&a->asker);
 }
+
+/*
+ * After the library's work on the connections: completes the ops that
+ * failed before they were sent, sends what waits, writes what may go, and
+ * arms the timer.
+ */
 
 static void settle(struct tokenbucket_redis_async *a)
 {
@@ -1129,15 +1154,12 @@ void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, un
 		c = &a->asker;
 	if (c == NULL)
 		return;
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
 	a->depth++;
 	if (events & TOKENBUCKET_REDIS_READ)
 		redisAsyncHandleRead(c->ac);
 	if ((events & TOKENBUCKET_REDIS_WRITE) && c->ac != NULL && !c->dying)
-		redisAsyncHandleWrite(c->ac);
+		conn_write(c);
 	settle(a);
-	tbr__sigpipe_restore(&sp);
 	leave(a);
 }
 
@@ -1147,8 +1169,6 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 {
 	if (a == NULL)
 		return;
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
 	a->depth++;
 	a->timer_ns = -1;
 	int64_t now = tokenbucket_now();
@@ -1169,7 +1189,6 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 	}
 	fire_hooks(a, now);
 	settle(a);
-	tbr__sigpipe_restore(&sp);
 	leave(a);
 }
 
@@ -1233,9 +1252,6 @@ void tbr__async_batch_begin(struct tokenbucket_redis_async *a)
 
 void tbr__async_batch_end(struct tokenbucket_redis_async *a)
 {
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
 	settle(a);
-	tbr__sigpipe_restore(&sp);
 	leave(a);
 }

@@ -208,13 +208,14 @@ static int exchange(struct tokenbucket_redis *r, struct tokenbucket_redis_call *
 	}
 }
 
-/* One decision on the server or the cluster, with SIGPIPE kept from the process. */
+/*
+ * One decision on the server or the cluster.  Its writes raise no SIGPIPE
+ * (tbr__write_nosignal; setup commands within tbr__sigpipe_block).
+ */
 static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 		      struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 		      double *tokens)
 {
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
 	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
 	bool down_returns = tbr__fallback_down_returns(&r->fallback, call);
 	/* In a fork()ed child the I/O thread is gone: calls take the pool again. */
@@ -223,7 +224,6 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 		  : r->cluster != NULL
 		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
 		: exchange(r, call, res, rv, tokens);
-	tbr__sigpipe_restore(&sp);
 	return err;
 }
 

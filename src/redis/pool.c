@@ -13,9 +13,13 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/time.h>
+
+#include <hiredis/sds.h>
 
 #include "pool.h"
 
@@ -124,31 +128,6 @@ void tbr__node_fini(struct tbr__node *n)
 
 /* ---- Connections --------------------------------------------------------- */
 
-void tbr__sigpipe_block(struct tbr__sigpipe *s)
-{
-	sigset_t pipe, pending;
-	sigemptyset(&pipe);
-	sigaddset(&pipe, SIGPIPE);
-	sigpending(&pending);
-	s->pending_before = sigismember(&pending, SIGPIPE);
-	pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
-}
-
-void tbr__sigpipe_restore(struct tbr__sigpipe *s)
-{
-	sigset_t pipe, pending;
-	sigemptyset(&pipe);
-	sigaddset(&pipe, SIGPIPE);
-	sigpending(&pending);
-	if (!s->pending_before && sigismember(&pending, SIGPIPE)) {
-		struct timespec zero = { 0, 0 };
-		int saved = errno;
-		sigtimedwait(&pipe, NULL, &zero);
-		errno = saved;
-	}
-	pthread_sigmask(SIG_SETMASK, &s->old, NULL);
-}
-
 int tbr__conn_error(const redisContext *c, int saved_errno)
 {
 	if (c == NULL)
@@ -244,9 +223,12 @@ static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 	}
 	if (err != 0 || n->db == 0)
 		return err;
+	struct tbr__sigpipe sp;
+	tbr__sigpipe_block(&sp);
 	errno = 0;
 	rep = redisCommand(c->c, "SELECT %d", n->db);
 	int saved = errno;
+	tbr__sigpipe_restore(&sp);
 	err = rep == NULL ? tbr__conn_error(c->c, saved)
 	      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
 	if (rep != NULL)
@@ -410,14 +392,10 @@ void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
 /* Writes what c has buffered; 0, or the error of a write that failed. */
 static int conn_flush(struct tbr__conn *c)
 {
-	int done = 0;
-	while (!done) {
-		errno = 0;
-		if (redisBufferWrite(c->c, &done) != REDIS_OK)
-			return tbr__conn_error(c->c, errno);
-	}
-	return 0;
+	int err = tbr__write_nosignal(c->c);
+	return err < 0 ? tbr__conn_error(c->c, -err) : 0;
 }
+
 
 /* Reads one reply from c; 0 or the error of a read that failed. */
 static int conn_read(struct tbr__conn *c, redisReply **rep)
@@ -494,10 +472,14 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 
 int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep)
 {
+	struct tbr__sigpipe sp;
+	tbr__sigpipe_block(&sp);
 	errno = 0;
 	redisReply *r = redisCommandArgv(c->c, argc, (const char **)argv, NULL);
+	int saved = errno;
+	tbr__sigpipe_restore(&sp);
 	if (r == NULL)
-		return tbr__conn_error(c->c, errno);
+		return tbr__conn_error(c->c, saved);
 	*rep = r;
 	return 0;
 }

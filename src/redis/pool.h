@@ -17,6 +17,7 @@
 
 #include "internal.h"
 #include "sentinel.h"
+#include "sigpipe.h"
 
 /*
  * One connection, used by one thread at a time.  State that belongs to the
@@ -102,19 +103,6 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 /* One command of argc C strings (CLUSTER SLOTS, ...); its reply or a negative errno. */
 int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep);
 
-/*
- * hiredis writes with write(2): a peer that went away would raise SIGPIPE
- * and kill the process.  The library blocks it in the calling thread around
- * its own I/O and discards one it caused, leaving the process's handlers
- * alone.
- */
-struct tbr__sigpipe {
-	sigset_t old;
-	bool pending_before;
-};
-
-void tbr__sigpipe_block(struct tbr__sigpipe *s);
-void tbr__sigpipe_restore(struct tbr__sigpipe *s);
 
 /* ns as a struct timeval (ns >= 0). */
 struct timeval tbr__tv_of(int64_t ns);

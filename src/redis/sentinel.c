@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "sentinel.h"
+#include "sigpipe.h"
 
 /* At most this many sentinels in a URL. */
 #define TBR__SENTINELS_MAX 16
@@ -168,7 +169,10 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 	redisReply *rep = NULL;
 	if (err == 0) {
 		const char *argv[] = { "SENTINEL", "get-master-addr-by-name", name };
+		struct tbr__sigpipe sp;
+		tbr__sigpipe_block(&sp);
 		rep = redisCommandArgv(c, 3, argv, NULL);
+		tbr__sigpipe_restore(&sp);
 		if (rep == NULL)
 			err = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
 											       : -ECONNRESET;

@@ -699,6 +699,10 @@ START_TEST(test_moved_updates_the_slot)
 }
 END_TEST
 
+/* test_sigpipe.c: the library's writes, on socket pairs. */
+Suite *sigpipe_suite(void);
+
+/* Both suites of this program; CK_RUN_SUITE picks one (cluster-slots, redis-sigpipe). */
 int main(void)
 {
 	Suite *s = suite_create("cluster-slots");
@@ -722,6 +726,7 @@ int main(void)
 	tcase_add_test(net, test_moved_updates_the_slot);
 	suite_add_tcase(s, net);
 	SRunner *sr = srunner_create(s);
+	srunner_add_suite(sr, sigpipe_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

@@ -1,0 +1,66 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * hiredis writes with write(2), which raises SIGPIPE when the server has
+ * gone; the library never lets that reach the process.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <hiredis/sds.h>
+
+#include "sigpipe.h"
+
+void tbr__sigpipe_block(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	s->pending_before = sigismember(&pending, SIGPIPE);
+	pthread_sigmask(SIG_BLOCK, &pipe, &s->old);
+}
+
+void tbr__sigpipe_restore(struct tbr__sigpipe *s)
+{
+	sigset_t pipe, pending;
+	sigemptyset(&pipe);
+	sigaddset(&pipe, SIGPIPE);
+	sigpending(&pending);
+	if (!s->pending_before && sigismember(&pending, SIGPIPE)) {
+		struct timespec zero = { 0, 0 };
+		int saved = errno;
+		sigtimedwait(&pipe, NULL, &zero);
+		errno = saved;
+	}
+	pthread_sigmask(SIG_SETMASK, &s->old, NULL);
+}
+
+int tbr__write_nosignal(redisContext *c)
+{
+	size_t len = sdslen(c->obuf);
+	size_t off = 0;
+	while (off < len) {
+		ssize_t w = send(c->fd, c->obuf + off, len - off, MSG_NOSIGNAL);
+		if (w > 0) {
+			off += (size_t)w;
+			continue;
+		}
+		int e = w < 0 ? errno : EIO;
+		if (e == EINTR)
+			continue;
+		sdsrange(c->obuf, (ssize_t)off, -1);
+		if ((e == EAGAIN || e == EWOULDBLOCK) && (c->flags & REDIS_BLOCK) == 0)
+			return 1;
+		/* As hiredis's own write would leave it: c is not used again. */
+		c->err = REDIS_ERR_IO;
+		snprintf(c->errstr, sizeof(c->errstr), "%s", strerror(e));
+		return -e;
+	}
+	sdsrange(c->obuf, (ssize_t)len, -1);
+	return 0;
+}
