@@ -25,19 +25,25 @@
 
 /* The adapter's own state and callbacks (tbr__libevent*): not part of the API. */
 
-/* One descriptor the client watches (one per server it talks to). */
+/*
+ * One descriptor the client watches (one per server it talks to).  Reading
+ * and writing are two events: the write interest comes and goes with every
+ * batch of calls, and so costs one epoll_ctl each way, not a delete and an
+ * add of the descriptor.
+ */
 struct tbr__libevent_fd {
 	struct tbr__libevent *s;
-	struct event ev;
+	struct event rd, wr;
 	int fd;
-	int on;
+	unsigned on; /* TOKENBUCKET_REDIS_READ and _WRITE: the events added */
+	int bound;   /* rd and wr are assigned to fd; 0: free for another */
 };
 
 struct tbr__libevent {
 	struct event_base *base;
 	struct tokenbucket_redis_async *a;
 	struct event timer;
-	struct tbr__libevent_fd **fds; /* each allocated once: libevent holds &ev */
+	struct tbr__libevent_fd **fds; /* each allocated once: libevent holds &rd, &wr */
 	size_t nfds;
 };
 
@@ -56,21 +62,29 @@ static void tbr__libevent_fire(evutil_socket_t fd, short what, void *p)
 	tokenbucket_redis_async_timeout(((struct tbr__libevent *)p)->a);
 }
 
+/* Adds or deletes ev as want says, on what tells whether it is added. */
+static void tbr__libevent_set(struct event *ev, unsigned want, unsigned *on, unsigned bit)
+{
+	if ((want & bit) && !(*on & bit)) {
+		if (event_add(ev, NULL) == 0)
+			*on |= bit;
+	} else if (!(want & bit) && (*on & bit)) {
+		event_del(ev);
+		*on &= ~bit;
+	}
+}
+
 static void tbr__libevent_watch(void *p, int fd, unsigned events)
 {
 	struct tbr__libevent *s = (struct tbr__libevent *)p;
 	struct tbr__libevent_fd *f = NULL, *idle = NULL;
 	for (size_t i = 0; i < s->nfds && f == NULL; i++) {
-		if (s->fds[i]->on && s->fds[i]->fd == fd)
+		if (s->fds[i]->bound && s->fds[i]->fd == fd)
 			f = s->fds[i];
-		else if (!s->fds[i]->on && idle == NULL)
+		else if (!s->fds[i]->bound && idle == NULL)
 			idle = s->fds[i];
 	}
-	if (f != NULL) {
-		event_del(&f->ev);
-		f->on = 0;
-	}
-	if (events == 0)
+	if (f == NULL && events == 0)
 		return;
 	if (f == NULL)
 		f = idle;
@@ -86,12 +100,18 @@ static void tbr__libevent_watch(void *p, int fd, unsigned events)
 		f->s = s;
 		s->fds[s->nfds++] = f;
 	}
-	short what = (short)(EV_PERSIST | ((events & TOKENBUCKET_REDIS_READ) ? EV_READ : 0) |
-			     ((events & TOKENBUCKET_REDIS_WRITE) ? EV_WRITE : 0));
-	event_assign(&f->ev, s->base, fd, what, tbr__libevent_io, f);
-	event_add(&f->ev, NULL);
-	f->on = 1;
-	f->fd = fd;
+	if (!f->bound) {
+		event_assign(&f->rd, s->base, fd, EV_READ | EV_PERSIST, tbr__libevent_io, f);
+		event_assign(&f->wr, s->base, fd, EV_WRITE | EV_PERSIST, tbr__libevent_io, f);
+		f->fd = fd;
+		f->on = 0;
+		f->bound = 1;
+	}
+	tbr__libevent_set(&f->rd, events, &f->on, TOKENBUCKET_REDIS_READ);
+	tbr__libevent_set(&f->wr, events, &f->on, TOKENBUCKET_REDIS_WRITE);
+	/* Nothing watched: the client is done with fd, which may come back as another. */
+	if (events == 0)
+		f->bound = 0;
 }
 
 static void tbr__libevent_timer(void *p, int64_t ns)
@@ -108,8 +128,10 @@ static void tbr__libevent_free(void *p)
 {
 	struct tbr__libevent *s = (struct tbr__libevent *)p;
 	for (size_t i = 0; i < s->nfds; i++) {
-		if (s->fds[i]->on)
-			event_del(&s->fds[i]->ev);
+		if (s->fds[i]->on & TOKENBUCKET_REDIS_READ)
+			event_del(&s->fds[i]->rd);
+		if (s->fds[i]->on & TOKENBUCKET_REDIS_WRITE)
+			event_del(&s->fds[i]->wr);
 		free(s->fds[i]);
 	}
 	free(s->fds);
