@@ -23,6 +23,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -56,7 +57,12 @@ struct tbr__bridge {
 	pthread_t thread;
 	pthread_mutex_t engine; /* held by the I/O thread while it runs the engine */
 	struct tbr__bridge *next_bridge; /* in bridges, under bridges_lock */
-	pid_t pid; /* the process the I/O thread runs in: a fork()ed child has none */
+	/*
+	 * Set in a fork()ed child (fork_child): the I/O thread is not there.
+	 * A flag rather than a getpid() per call, a system call since glibc
+	 * 2.25 stopped caching it.
+	 */
+	atomic_bool forked;
 	/* The I/O thread's own. */
 	struct tokenbucket_redis_async *a;
 	struct watched *fds;
@@ -89,9 +95,16 @@ static void fork_done(void)
 	pthread_mutex_unlock(&bridges_lock);
 }
 
+static void fork_child(void)
+{
+	for (struct tbr__bridge *b = bridges; b != NULL; b = b->next_bridge)
+		atomic_store_explicit(&b->forked, true, memory_order_relaxed);
+	fork_done();
+}
+
 static void atfork_register(void)
 {
-	atfork_err = -pthread_atfork(fork_prepare, fork_done, fork_done);
+	atfork_err = -pthread_atfork(fork_prepare, fork_done, fork_child);
 }
 
 static void bridges_remove(struct tbr__bridge *b)
@@ -256,7 +269,7 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 	if (b == NULL)
 		return -ENOMEM;
 	b->timer_at = -1;
-	b->pid = getpid();
+	atomic_init(&b->forked, false);
 	/* Room for the eventfd at least: the loop never lacks it. */
 	b->poll = malloc(sizeof(*b->poll));
 	b->npoll = 1;
@@ -298,7 +311,8 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 
 bool tbr__bridge_here(const struct tbr__bridge *b)
 {
-	return b->pid == getpid();
+	/* Relaxed: set before fork() returns in the only thread the child has. */
+	return !atomic_load_explicit(&b->forked, memory_order_relaxed);
 }
 
 void tbr__bridge_close(struct tbr__bridge *b)
