@@ -68,5 +68,7 @@ Suite *limit_suite(void);
 Suite *table_regime_suite(void);
 /* 1.2: several limits in one decision (core/test_set.c). */
 Suite *set_suite(void);
+/* 1.2: several limits per key (table/test_table_set.c). */
+Suite *table_set_suite(void);
 
 #endif
