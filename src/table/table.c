@@ -1816,13 +1816,13 @@ static inline bool same_owner(uint64_t st, uint64_t after)
  */
 static bool key_short(const struct tokenbucket_table *t, const struct tbt_call *c, uint64_t n)
 {
-	uint64_t st, base;
+	uint64_t st;
 	struct tbt_slot *s = find(c, &st);
 	if (s == NULL)
 		return false;
 	int64_t at = key_time(s, c->at);
-	if (!regime_holds(t, c) || past_horizon(c, at) ||
-	    decide(&c->v, c->burst, at, st_tail(st), n, &base))
+	/* decide's test without its division: a level of n or more, capped or not, passes. */
+	if (!regime_holds(t, c) || past_horizon(c, at) || level_at_least(c, at, st_tail(st), n))
 		return false;
 	return atomic_load_explicit(&s->state, memory_order_acquire) == st &&
 	       atomic_load(&s->clock) == at;
