@@ -431,7 +431,7 @@ static void *tset_worker(void *arg)
 	for (size_t i = 0; i < count; i++)
 		set[i] = s->t[idx[i]];
 	for (uint64_t calls = 0;; calls++) {
-		if ((calls & 255) == 0 && tokenbucket_now() > s->until)
+		if (calls > 0 && (calls & 1023) == 0 && tokenbucket_now() > s->until)
 			break;
 		int64_t step = (int64_t)(next_random(&rnd) % 2001);
 		int64_t now = atomic_fetch_add(&s->clock, step) + step;
@@ -474,17 +474,11 @@ START_TEST(threads_never_over_grant)
 		s.t[i] = tset_table(l->tokens, l->period_ns, l->burst, 64, 0);
 	}
 	atomic_store(&s.clock, T0);
-	const char *env = getenv("TOKENBUCKET_STRESS_SECONDS");
-	double seconds = env && atof(env) > 0 ? atof(env) : 1.0;
-	s.until = tokenbucket_now() + (int64_t)(seconds * (double)SEC);
-	pthread_t t[THREADS];
+	s.until = tokenbucket_now() + (int64_t)(stress_seconds(1.0) * (double)SEC);
 	struct tset_worker w[THREADS];
-	for (int i = 0; i < THREADS; i++) {
-		w[i] = (struct tset_worker){ &s, i };
-		ck_assert_int_eq(pthread_create(&t[i], NULL, tset_worker, &w[i]), 0);
-	}
 	for (int i = 0; i < THREADS; i++)
-		pthread_join(t[i], NULL);
+		w[i] = (struct tset_worker){ &s, i };
+	run_each_thread(THREADS, tset_worker, w, sizeof(w[0]));
 	int64_t end = atomic_load(&s.clock);
 	ck_assert_uint_gt(atomic_load(&s.allowed), 100);
 	ck_assert_uint_gt(atomic_load(&s.refused), 100);
@@ -492,10 +486,8 @@ START_TEST(threads_never_over_grant)
 	for (int i = 0; i < TABLES; i++) {
 		const struct tokenbucket_limit *l = &stress_limits[i];
 		/* Exact, in integers: burst + floor(elapsed * tokens / period) per key. */
-		unsigned __int128 made = (unsigned __int128)(uint64_t)(end - T0) * l->tokens /
-					 (uint64_t)l->period_ns;
-		uint64_t bound = l->burst + (uint64_t)made;
-		int64_t refill = (int64_t)(l->burst * (uint64_t)l->period_ns / l->tokens) + 1;
+		uint64_t bound = limit_bound(l, end - T0);
+		int64_t refill = limit_refill(l);
 		for (uint64_t k = 0; k < KEYS; k++) {
 			uint64_t granted = atomic_load(&s.granted[i][k]);
 			int64_t left = (int64_t)floor(
@@ -550,7 +542,7 @@ static void *tset_conserve_worker(void *arg)
 	struct tokenbucket_table *sets[4][3] = { { a, b, x }, { b, x, a }, { a, x, b }, { b, a, x } };
 	struct tokenbucket_table **set = sets[w->id % 4];
 	for (uint64_t calls = 0;; calls++) {
-		if ((calls & 255) == 0 && tokenbucket_now() > c->until)
+		if (calls > 0 && (calls & 1023) == 0 && tokenbucket_now() > c->until)
 			break;
 		uint64_t key = next_random(&rnd) % KEYS, n = 1 + next_random(&rnd) % 3;
 		uint64_t what = next_random(&rnd) % 256;
@@ -595,15 +587,12 @@ START_TEST(threads_conserve_at_rate_0)
 		char key[2] = { (char)('0' + i), 0 };
 		ck_assert(tokenbucket_table_allow_at(c.t[2], T0, key, 1, 1));
 	}
-	c.until = tokenbucket_now() + SEC / 2;
-	pthread_t t[THREADS];
+	/* Every thread makes 1024 calls at least, however late it starts. */
+	c.until = tokenbucket_now() + (int64_t)(stress_seconds(2.0) / 4 * (double)SEC);
 	struct tset_conserver w[THREADS];
-	for (int i = 0; i < THREADS; i++) {
-		w[i] = (struct tset_conserver){ &c, i };
-		ck_assert_int_eq(pthread_create(&t[i], NULL, tset_conserve_worker, &w[i]), 0);
-	}
 	for (int i = 0; i < THREADS; i++)
-		pthread_join(t[i], NULL);
+		w[i] = (struct tset_conserver){ &c, i };
+	run_each_thread(THREADS, tset_conserve_worker, w, sizeof(w[0]));
 	ck_assert_uint_gt(atomic_load(&c.refused), 1000);
 	ck_assert_uint_gt(atomic_load(&c.cancelled), 100);
 	for (int i = 0; i < 2; i++)
