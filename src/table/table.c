@@ -766,8 +766,10 @@ again:
 			uint64_t lowering = k ? atomic_load(&s->lowering) : 0;
 			if (after == st || atomic_compare_exchange_strong(&s->state, &st, after)) {
 				o->allowed = true;
+				/* A key taken from full (decide dropped: base moved) has burst - n left, no division. */
 				if (exact)
-					o->level = level_of(c, at, base + n);
+					o->level = base != tail ? (int64_t)(c->burst - n)
+								: level_of(c, at, base + n);
 				if (k)
 					*k = (struct tbt_taken){
 						.slot = s,
