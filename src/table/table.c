@@ -1796,9 +1796,13 @@ static int check_tables(struct tokenbucket_table *const *tables, size_t count)
 	for (size_t i = 0; i < count; i++) {
 		if (tables[i] == NULL)
 			return -EINVAL;
-		/* Two handles on one table's memory are one limit. */
+		/*
+		 * Two handles on one table are one limit: the same memory, or the
+		 * same 128-bit random secret (one table mapped at two addresses).
+		 */
 		for (size_t j = 0; j < i; j++)
-			if (tables[j]->mem == tables[i]->mem)
+			if (tables[j]->mem == tables[i]->mem ||
+			    (tables[j]->k0 == tables[i]->k0 && tables[j]->k1 == tables[i]->k1))
 				return -EINVAL;
 	}
 	return 0;

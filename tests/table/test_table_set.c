@@ -256,6 +256,23 @@ START_TEST(every_errno)
 	struct tokenbucket_table *twice[] = { a, b, b2 };
 	res = untouched;
 	ck_assert_int_eq(tokenbucket_table_allow_all_at(twice, 3, T0, k, 1, 1, &res), -EINVAL);
+	/* The same table mapped at two addresses is one table too (the same secret). */
+	int fd = memfd_create("tset", 0);
+	size_t size = tokenbucket_table_size(64);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, (off_t)size), 0);
+	void *m1 = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	void *m2 = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	ck_assert(m1 != MAP_FAILED && m2 != MAP_FAILED && m1 != m2);
+	struct tokenbucket_table *two[2];
+	ck_assert_int_eq(tokenbucket_table_init_shared(&two[0], m1, size, 1, MS, 4, 64, 0), 0);
+	ck_assert_int_eq(tokenbucket_table_attach_shared(&two[1], m2, size), 0);
+	ck_assert_int_eq(tokenbucket_table_allow_all_at(two, 2, T0, k, 1, 1, &res), -EINVAL);
+	for (int i = 0; i < 2; i++)
+		tokenbucket_table_free(two[i]);
+	munmap(m1, size);
+	munmap(m2, size);
+	close(fd);
 	/* A regime no table holds, written by another process: -EBADMSG, nothing taken from a. */
 	double level = tokenbucket_table_tokens_at(a, T0, k, 1);
 	atomic_store(&m->regimes.slot[0].q, 0);
@@ -402,6 +419,7 @@ static const struct tokenbucket_limit stress_limits[TABLES] = {
 
 struct tset_stress {
 	struct tokenbucket_table *t[TABLES];
+	struct tokenbucket_table *x; /* no slot for the keys: refuses every set after its takes */
 	_Atomic int64_t clock; /* the fake clock: only grows */
 	atomic_uint_fast64_t granted[TABLES][KEYS];
 	atomic_uint_fast64_t allowed, refused, cancelled;
@@ -424,12 +442,18 @@ static void *tset_worker(void *arg)
 	 * it is the bottleneck and its bound is reached.
 	 */
 	size_t count = 2 + (size_t)(w->id & 1), idx[3];
-	struct tokenbucket_table *set[3];
+	struct tokenbucket_table *set[4];
 	for (size_t i = 0; i < count; i++)
 		idx[i] = 1 + ((size_t)w->id + i) % (TABLES - 1);
 	idx[(size_t)w->id % count] = 0;
 	for (size_t i = 0; i < count; i++)
 		set[i] = s->t[idx[i]];
+	/*
+	 * Two threads of eight end their sets with x: each of their calls takes
+	 * from every table and gives back, beside the others' kept takes.
+	 */
+	size_t refusing = (w->id % 4 == 3) ? 1 : 0;
+	set[count] = s->x;
 	for (uint64_t calls = 0;; calls++) {
 		if (calls > 0 && (calls & 1023) == 0 && tokenbucket_now() > s->until)
 			break;
@@ -439,15 +463,16 @@ static void *tset_worker(void *arg)
 		uint64_t what = next_random(&rnd) % 8;
 		if (what < 6) {
 			struct tokenbucket_set_result res;
-			ck_assert_int_eq(tokenbucket_table_allow_all_at(set, count, now, &key,
+			ck_assert_int_eq(tokenbucket_table_allow_all_at(set, count + refusing, now, &key,
 									sizeof(key), n, &res),
 					 0);
+			ck_assert(!refusing || !res.allowed);
 			if (res.allowed) {
 				for (size_t i = 0; i < count; i++)
 					atomic_fetch_add(&s->granted[idx[i]][key], n);
 				atomic_fetch_add(&s->allowed, 1);
 			} else {
-				ck_assert_uint_lt(res.index, count);
+				ck_assert_uint_lt(res.index, count + refusing);
 				ck_assert_int_ge(res.retry_after_ns, 0); /* 0: a racing take refused it */
 				atomic_fetch_add(&s->refused, 1);
 			}
@@ -472,6 +497,11 @@ START_TEST(threads_never_over_grant)
 	for (int i = 0; i < TABLES; i++) {
 		const struct tokenbucket_limit *l = &stress_limits[i];
 		s.t[i] = tset_table(l->tokens, l->period_ns, l->burst, 64, 0);
+	}
+	s.x = tset_table(0, 1, 5, 4, 0);
+	for (int i = 0; i < 4; i++) {
+		char key[2] = { (char)('0' + i), 0 };
+		ck_assert(tokenbucket_table_allow_at(s.x, T0, key, 1, 1));
 	}
 	atomic_store(&s.clock, T0);
 	s.until = tokenbucket_now() + (int64_t)(stress_seconds(1.0) * (double)SEC);
@@ -507,6 +537,7 @@ START_TEST(threads_never_over_grant)
 			ck_assert_uint_gt(atomic_load(&s.granted[0][0]), l->burst);
 		tokenbucket_table_free(s.t[i]);
 	}
+	tokenbucket_table_free(s.x);
 }
 END_TEST
 
