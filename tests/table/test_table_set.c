@@ -9,6 +9,7 @@
  * produced, counted in integers.
  */
 #include <pthread.h>
+#include <stdalign.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include <unistd.h>
 
 #include "check_tb.h"
+#include "storm.h"
 #include "table.h"
 
 #define T0 (1000 * SEC)
@@ -642,6 +644,108 @@ START_TEST(threads_conserve_at_rate_0)
 }
 END_TEST
 
+/* ---- Processes killed at random ------------------------------------------ */
+
+enum { STORM_PROCS = 4, STORM_KEYS = 8, STORM_BURST = 400 };
+
+/* Three tables in one MAP_SHARED mapping, and what the processes count. */
+struct tset_storm {
+	_Atomic uint64_t granted[STORM_KEYS]; /* by sets of a and b: counted in both */
+	_Atomic long calls;
+	size_t size;                          /* of each table */
+	alignas(TOKENBUCKET_TABLE_ALIGN) unsigned char mem[];
+};
+
+static _Noreturn void tset_storm_child(void *arg, unsigned seed)
+{
+	struct tset_storm *s = arg;
+	struct tokenbucket_table *t[3];
+	for (int i = 0; i < 3; i++)
+		if (tokenbucket_table_attach_shared(&t[i], s->mem + (size_t)i * s->size, s->size))
+			_exit(3);
+	uint64_t x = seed * 2654435761u + 1;
+	for (;;) {
+		uint64_t key = next_random(&x) % STORM_KEYS, what = next_random(&x) % 8;
+		struct tokenbucket_set_result res;
+		if (what == 0) {
+			struct tokenbucket_table *ab[2] = { t[0], t[1] };
+			if (tokenbucket_table_allow_all_at(ab, 2, T0, &key, sizeof(key), 1, &res))
+				_exit(4);
+			if (res.allowed)
+				atomic_fetch_add(&s->granted[key], 1);
+		} else if (what == 1) {
+			struct tokenbucket_reservation r;
+			if (tokenbucket_table_reserve_at(t[key & 1], T0, &key, sizeof(key), 1, 0, &r) ==
+			    0)
+				tokenbucket_table_cancel_at(t[key & 1], &key, sizeof(key), &r, T0);
+		} else {
+			/* x, last or between, has no slot for the keys: a set that takes and gives back. */
+			struct tokenbucket_table *set[3] = { t[what & 1], t[2], t[!(what & 1)] };
+			if (what & 2) {
+				set[1] = set[2];
+				set[2] = t[2];
+			}
+			if (tokenbucket_table_allow_all_at(set, 3, T0, &key, sizeof(key), 1, &res) ||
+			    res.allowed)
+				_exit(5);
+		}
+		atomic_fetch_add(&s->calls, 1);
+	}
+}
+
+/*
+ * Rate 0: processes deciding keys on shared tables die at random instants
+ * (inside takes, give-backs, cancels).  No key may ever hold more than its
+ * burst less what it granted: a take that died before its give-back only
+ * leaves it short.
+ */
+START_TEST(processes_killed_never_over_grant)
+{
+	size_t size = tokenbucket_table_size(64);
+	struct tset_storm *s = mmap(NULL, sizeof(*s) + 3 * size, PROT_READ | PROT_WRITE,
+				    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	ck_assert(s != MAP_FAILED);
+	s->size = size;
+	struct tokenbucket_table *t[3];
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(tokenbucket_table_init_shared(&t[i], s->mem + (size_t)i * size, size,
+							       0, 1, STORM_BURST, 64, 0),
+				 0);
+	ck_assert_int_eq(tokenbucket_table_init_shared(&t[2], s->mem + 2 * size, size, 0, 1, 5, 4,
+						       0),
+			 0);
+	for (int i = 0; i < 4; i++) {
+		char key[2] = { (char)('0' + i), 0 };
+		ck_assert(tokenbucket_table_allow_at(t[2], T0, key, 1, 1));
+	}
+	pid_t pids[STORM_PROCS];
+	for (int i = 0; i < STORM_PROCS; i++) {
+		pids[i] = fork();
+		TBT_FORKED(pids[i]);
+		if (pids[i] == 0)
+			tset_storm_child(s, (unsigned)i);
+	}
+	int kills = storm_run(pids, STORM_PROCS, &s->calls, 100, 20, 2626, STORM_PROCS,
+			      tset_storm_child, s);
+	ck_assert_int_ge(kills, 10);
+	uint64_t granted = 0;
+	for (uint64_t k = 0; k < STORM_KEYS; k++) {
+		granted += atomic_load(&s->granted[k]);
+		for (int i = 0; i < 2; i++) {
+			double left = tokenbucket_table_tokens_at(t[i], T0, &k, sizeof(k));
+			ck_assert_msg(atomic_load(&s->granted[k]) + left <= STORM_BURST,
+				      "table %d key %ju granted %ju + held %g > %d", i, (uintmax_t)k,
+				      (uintmax_t)atomic_load(&s->granted[k]), left, STORM_BURST);
+			ck_assert(left >= 0);
+		}
+	}
+	ck_assert_uint_gt(granted, 0);
+	for (int i = 0; i < 3; i++)
+		tokenbucket_table_free(t[i]);
+	munmap(s, sizeof(*s) + 3 * size);
+}
+END_TEST
+
 Suite *table_set_suite(void)
 {
 	Suite *s = suite_create("table-set");
@@ -658,6 +762,7 @@ Suite *table_set_suite(void)
 	tcase_set_timeout(t, 120);
 	tcase_add_test(t, threads_never_over_grant);
 	tcase_add_test(t, threads_conserve_at_rate_0);
+	tcase_add_test(t, processes_killed_never_over_grant);
 	suite_add_tcase(s, t);
 	return s;
 }
