@@ -78,6 +78,7 @@ struct ctx {
 	void *map; /* a bucket placed in shared memory (1.1): unmapped, not freed */
 	struct tokenbucket_table *table; /* the per-key tables (1.1) */
 	uint64_t keys;                   /* warm keys in it: 0 to keys - 1 */
+	struct tokenbucket_table *table2; /* a second limit on the same keys (1.2) */
 };
 
 static struct tokenbucket *bucket(double rate, uint64_t burst)
@@ -401,6 +402,44 @@ static uint64_t loop_table_at(struct ctx *c, int id, uint64_t n)
 	return sum;
 }
 
+/* 1.2: two limits per key, table and table2, the same shape: one warm key. */
+static void setup_table_2(struct ctx *c)
+{
+	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 64, 1);
+	struct tokenbucket_table *first = c->table;
+	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 64, 1);
+	c->table2 = c->table;
+	c->table = first;
+}
+
+/* One warm key, with the report: what a decision on one limit of a set costs. */
+static uint64_t loop_table_result_at(struct ctx *c, int id, uint64_t n)
+{
+	(void)id;
+	struct tokenbucket_result res;
+	uint64_t sum = 0, k = 0;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++) {
+		tokenbucket_table_allow_result_at(c->table, t++, &k, sizeof(k), 1, &res);
+		sum += res.allowed;
+	}
+	return sum;
+}
+
+static uint64_t loop_table_allow_all_2(struct ctx *c, int id, uint64_t n)
+{
+	(void)id;
+	struct tokenbucket_table *set[2] = { c->table, c->table2 };
+	struct tokenbucket_set_result res;
+	uint64_t sum = 0, k = 0;
+	int64_t t = T0;
+	for (uint64_t i = 0; i < n; i++) {
+		tokenbucket_table_allow_all_at(set, 2, t++, &k, sizeof(k), 1, &res);
+		sum += res.allowed;
+	}
+	return sum;
+}
+
 /* Random warm keys (an xorshift), from each thread. */
 static uint64_t loop_table_random(struct ctx *c, int id, uint64_t n)
 {
@@ -505,6 +544,9 @@ static struct metric metrics[] = {
 	METRIC("allow_all_at_2", "allow_result_at", 0, setup_full_2b, loop_allow_all_2, ALL),
 	METRIC("deny_all_at_2", "allow_result_at", 0, setup_full_empty, loop_allow_all_2, NONE),
 	METRIC("reserve_cancel_2", "reserve_cancel", 0, setup_full_2b, loop_reserve_cancel_2, ALL),
+	/* 1.2: two limits per key (two tables) against one. */
+	METRIC("table_result_at_1", "table_at_1", 0, setup_table_1, loop_table_result_at, ALL),
+	METRIC("table_allow_all_at_2", "table_at_1", 0, setup_table_2, loop_table_allow_all_2, ALL),
 };
 #define NMETRICS (sizeof(metrics) / sizeof(metrics[0]))
 
@@ -604,7 +646,7 @@ static uint64_t run_procs(struct metric *m, struct ctx *c, uint64_t n, int64_t *
 /* One timed loop of n iterations (in each thread) on fresh state; its wall time in ns. */
 static double run(struct metric *m, uint64_t n)
 {
-	struct ctx c = { { NULL, NULL }, 0, NULL, NULL, 0 };
+	struct ctx c = { { NULL, NULL }, 0, NULL, NULL, 0, NULL };
 	if (m->setup)
 		m->setup(&c);
 	int64_t start, end;
@@ -648,6 +690,7 @@ static double run(struct metric *m, uint64_t n)
 	sink += sum;
 	if (c.table) {
 		tokenbucket_table_free(c.table);
+		tokenbucket_table_free(c.table2);
 		return (double)(end - start);
 	}
 	if (c.map) {
@@ -783,6 +826,8 @@ static void print_table(const char *what)
 	print_ratio("allow_all_at_1", "allow_result_at", "a set of one: what the set costs beyond its bucket");
 	print_ratio("deny_all_at_2", "allow_result_at", "two limits, the second refusing ahead: goal <= 2");
 	print_ratio("reserve_cancel_2", "reserve_cancel", "reserve and cancel on two limits vs one: goal <= 2");
+	print_ratio("table_allow_all_at_2", "table_at_1", "two limits per key vs a warm key's allow: goal <= 2");
+	print_ratio("table_allow_all_at_2", "table_result_at_1", "two limits per key vs one, both with the report");
 	print_bucket();
 	print_keys();
 }

@@ -857,6 +857,40 @@ TOKENBUCKET_API int tokenbucket_cancel_all_at(struct tokenbucket *const *set, si
 TOKENBUCKET_API int tokenbucket_wait_all(struct tokenbucket *const *set, size_t count, uint64_t n,
 					 int64_t deadline, int cancel_fd);
 
+/*
+ * Several limits per key: tables[0] to tables[count - 1] (1 to
+ * TOKENBUCKET_SET_MAX distinct tables, each one limit with its own rate,
+ * burst, capacity and policy: "10 a second and 1000 an hour per API key"
+ * is two tables) decide key together, taking n from the key's bucket in
+ * every table or from none, as tokenbucket_allow_all does for buckets
+ * (the tables after the first are checked, then each is taken from in
+ * order; on a refusal the earlier ones get back what they gave before the
+ * call returns, never more than the key missed because of the take, so no
+ * limit is ever over-granted).  A key uses a slot (32 bytes) in every
+ * table that holds a bucket for it.  Refused by a table's policy (no slot
+ * for a new key, fail closed), the set is refused there; passed open, that
+ * table takes nothing.  A give-back gives nothing where it cannot show
+ * what the key missed: the key's slot changed hands (evicted or reused:
+ * the key comes back full), a rate or burst change ran, or a cancel on the
+ * key ran meanwhile; that key then holds up to n fewer tokens in that
+ * table until it is next full (docs/table.md).  *res as
+ * tokenbucket_allow_all fills it, index naming a table; flags zero.
+ * -EINVAL: res or tables NULL, count 0 or above TOKENBUCKET_SET_MAX, a
+ * NULL table or two handles on one table, key NULL with len > 0.
+ * -E2BIG: n above a table's burst.  -EDEADLK: a re-anchor waited 2 s for
+ * another change (tokenbucket_table_allow).  -EBADMSG: a corrupt table.
+ * On every error nothing is taken and *res is untouched.  Lock-free and
+ * thread-safe as the tables' other calls; tables may be shared between
+ * processes.  Since 1.2.0.
+ */
+TOKENBUCKET_API int tokenbucket_table_allow_all(struct tokenbucket_table *const *tables,
+						size_t count, const void *key, size_t len,
+						uint64_t n, struct tokenbucket_set_result *res);
+TOKENBUCKET_API int tokenbucket_table_allow_all_at(struct tokenbucket_table *const *tables,
+						   size_t count, int64_t now, const void *key,
+						   size_t len, uint64_t n,
+						   struct tokenbucket_set_result *res);
+
 #ifdef __cplusplus
 }
 #endif

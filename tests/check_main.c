@@ -25,6 +25,7 @@ int main(void)
 	srunner_add_suite(sr, limit_suite());
 	srunner_add_suite(sr, table_regime_suite());
 	srunner_add_suite(sr, set_suite());
+	srunner_add_suite(sr, table_set_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);
 	int run = srunner_ntests_run(sr);

@@ -6,7 +6,9 @@
 #include <check.h>
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <tokenbucket.h>
@@ -49,6 +51,41 @@ static inline struct tokenbucket *bucket_rate(double rate, uint64_t burst, unsig
 /* Fractional token counts are exact rationals; doubles hold them to ~1e-15 relative. */
 #define ck_assert_tokens(got, want) ck_assert_double_eq_tol((got), (want), 1e-9)
 
+/*
+ * The sets' thread tests (core/test_set.c, table/test_table_set.c): the
+ * tokens a limit may grant over elapsed ns, burst + floor(elapsed * tokens
+ * / period), exactly; the ns after which it is full again from empty.
+ */
+static inline uint64_t limit_bound(const struct tokenbucket_limit *l, int64_t elapsed)
+{
+	unsigned __int128 made = (unsigned __int128)(uint64_t)elapsed * l->tokens /
+				 (uint64_t)l->period_ns;
+	return l->burst + (uint64_t)made;
+}
+
+static inline int64_t limit_refill(const struct tokenbucket_limit *l)
+{
+	return (int64_t)(l->burst * (uint64_t)l->period_ns / l->tokens) + 1;
+}
+
+/* Runs fn on each of count args of size bytes at args, in threads of their own, and joins them. */
+static inline void run_each_thread(int count, void *(*fn)(void *), void *args, size_t size)
+{
+	pthread_t t[64];
+	ck_assert_int_le(count, 64);
+	for (int i = 0; i < count; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, fn, (char *)args + (size_t)i * size), 0);
+	for (int i = 0; i < count; i++)
+		pthread_join(t[i], NULL);
+}
+
+/* The stress tests' length: TOKENBUCKET_STRESS_SECONDS, else dflt. */
+static inline double stress_seconds(double dflt)
+{
+	const char *env = getenv("TOKENBUCKET_STRESS_SECONDS");
+	return env && atof(env) > 0 ? atof(env) : dflt;
+}
+
 Suite *seeds_suite(void);
 Suite *go_suite(void);
 Suite *seastar_suite(void);
@@ -68,5 +105,7 @@ Suite *limit_suite(void);
 Suite *table_regime_suite(void);
 /* 1.2: several limits in one decision (core/test_set.c). */
 Suite *set_suite(void);
+/* 1.2: several limits per key (table/test_table_set.c). */
+Suite *table_set_suite(void);
 
 #endif

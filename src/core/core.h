@@ -202,6 +202,15 @@ void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst
  * -EBADMSG for a corrupt bucket.  (Sets report each bucket with it.)
  */
 int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res);
+/*
+ * Folds member i's result into the result of a set decision (buckets or
+ * tables): the member reported is the one that refused (index refused) or,
+ * if allowed, the first with the fewest whole tokens left (*fewest starts
+ * at UINT64_MAX); the waits are the latest.  out starts as {allowed,
+ * index = refused}; its retry_after_ns is 0 at the end if allowed.
+ */
+void tb__set_fold(struct tokenbucket_set_result *out, size_t i, size_t refused,
+		  const struct tokenbucket_result *one, uint64_t *fewest);
 
 /* ---- regime.c: life cycle and writers ----------------------------------- */
 

@@ -266,19 +266,8 @@ int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count, int64
 				give_back_all(set, count, now, r);
 			return -EBADMSG;
 		}
-		if (allowed ? one.remaining < fewest : i == refused) {
-			fewest = one.remaining;
-			out.index = i;
-			out.limit = one.limit;
-			out.remaining = one.remaining;
-		}
-		if (one.retry_after_ns > out.retry_after_ns)
-			out.retry_after_ns = one.retry_after_ns;
-		if (one.reset_after_ns > out.reset_after_ns)
-			out.reset_after_ns = one.reset_after_ns;
+		tb__set_fold(&out, i, refused, &one, &fewest);
 	}
-	if (allowed)
-		out.retry_after_ns = 0;
 	*res = out;
 	return 0;
 }

@@ -666,6 +666,17 @@ static inline __attribute__((always_inline)) bool decide(const struct tb__view *
 	return need <= 0 || f >= (tb__u128)(uint64_t)need * v->q;
 }
 
+/*
+ * What a set's take took from one key, for its give-back: the slot, the
+ * state the take wrote and the tail it took from (after its drop), the
+ * slot's lowering word before the take and the regime's gen.  slot NULL:
+ * nothing was taken (no bucket, or tokens 0).
+ */
+struct tbt_taken {
+	struct tbt_slot *slot;
+	uint64_t after, base, lowering, gen, tokens;
+};
+
 /* What a take decided, for the result. */
 struct tbt_outcome {
 	bool allowed;
@@ -698,7 +709,8 @@ static inline __attribute__((always_inline)) int regime_check(struct tokenbucket
  */
 static inline __attribute__((always_inline)) int take(struct tokenbucket_table *t,
 							      struct tbt_call *c, uint64_t n,
-							      bool exact, struct tbt_outcome *o)
+							      bool exact, struct tbt_outcome *o,
+							      struct tbt_taken *k)
 {
 	uint64_t st;
 	struct tbt_slot *s;
@@ -750,10 +762,23 @@ again:
 		uint64_t seen = st;
 		if (ok) {
 			uint64_t after = st_with_tail(st, base + n);
+			/* A set's give-back compares the lowering word read before the take. */
+			uint64_t lowering = k ? atomic_load(&s->lowering) : 0;
 			if (after == st || atomic_compare_exchange_strong(&s->state, &st, after)) {
 				o->allowed = true;
+				/* A key taken from full (decide dropped: base moved) has burst - n left, no division. */
 				if (exact)
-					o->level = level_of(c, at, base + n);
+					o->level = base != tail ? (int64_t)(c->burst - n)
+								: level_of(c, at, base + n);
+				if (k)
+					*k = (struct tbt_taken){
+						.slot = s,
+						.after = after,
+						.base = base & TBT_TAIL_MASK,
+						.lowering = lowering,
+						.gen = c->v.gen,
+						.tokens = n,
+					};
 				return 0;
 			}
 		} else {
@@ -869,7 +894,7 @@ static __attribute__((noinline)) bool allow_general(struct tokenbucket_table *t,
 	struct tbt_outcome o = {0};
 	if (__builtin_expect(past_horizon(&c, c.at), 0) && reanchor(t, &c, c.at, n) != 0)
 		return false;
-	if (take(t, &c, n, false, &o) != 0)
+	if (take(t, &c, n, false, &o, NULL) != 0)
 		return false;
 	cache_regime(t, &c);
 	return o.allowed;
@@ -897,6 +922,32 @@ static inline uint64_t state_again(struct tbt_slot *s, uint64_t st)
 	return st_ver(again) == st_ver(st) && !st_claimed(again) ? again : st;
 }
 
+/*
+ * The key's time and level at the call's time, read without taking: the
+ * report of a call that takes nothing, at now, which the key sees (as
+ * tokens_at).
+ */
+static void peek(const struct tbt_call *c, struct tbt_outcome *o)
+{
+	uint64_t st;
+	struct tbt_slot *s = find(c, &st);
+	o->at = s ? key_time(s, c->at) : c->at;
+	o->level = s ? level_of(c, o->at, st_tail(state_again(s, st))) : (int64_t)c->burst;
+}
+
+/* The result of a decision on one key, as allow_result reports it. */
+static void report(const struct tbt_call *c, const struct tbt_outcome *o, uint64_t n,
+		   struct tokenbucket_result *res)
+{
+	tb__result(&c->v, o->at, n, c->burst, o->allowed, o->level, res);
+	if (o->no_bucket) {
+		res->flags |= TOKENBUCKET_RESULT_NO_BUCKET;
+		/* Refused for want of a slot: one frees within the time a bucket refills. */
+		if (!o->allowed)
+			res->retry_after_ns = tb__duration(&c->v, c->burst);
+	}
+}
+
 int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, const void *key,
 				      size_t len, uint64_t n, struct tokenbucket_result *res)
 {
@@ -907,25 +958,16 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 		return -EBADMSG;
 	struct tbt_outcome o = {0};
 	if (n > c.burst) {
-		/* Refused at once; the report is at now, which the key sees (as tokens_at). */
-		uint64_t st;
-		struct tbt_slot *s = find(&c, &st);
-		o.at = s ? key_time(s, c.at) : c.at;
-		o.level = s ? level_of(&c, o.at, st_tail(state_again(s, st))) : (int64_t)c.burst;
+		/* Refused at once. */
+		peek(&c, &o);
 	} else {
 		int err = past_horizon(&c, c.at) ? reanchor(t, &c, c.at, n) : 0;
 		if (err == 0)
-			err = take(t, &c, n, true, &o);
+			err = take(t, &c, n, true, &o, NULL);
 		if (err)
 			return err;
 	}
-	tb__result(&c.v, o.at, n, c.burst, o.allowed, o.level, res);
-	if (o.no_bucket) {
-		res->flags |= TOKENBUCKET_RESULT_NO_BUCKET;
-		/* Refused for want of a slot: one frees within the time a bucket refills. */
-		if (!o.allowed)
-			res->retry_after_ns = tb__duration(&c.v, c.burst);
-	}
+	report(&c, &o, n, res);
 	return 0;
 }
 
@@ -1038,6 +1080,19 @@ int tokenbucket_table_reserve(struct tokenbucket_table *t, const void *key, size
 	return tokenbucket_table_reserve_at(t, tb__now(), key, len, n, max_wait, r);
 }
 
+/*
+ * Lowers the tail of slot s from state *st to tail, marked in the slot's
+ * lowering word (struct tbt_slot); false, *st the state found, if it
+ * changed.
+ */
+static bool lower(struct tbt_slot *s, uint64_t *st, uint64_t tail)
+{
+	atomic_fetch_add(&s->lowering, TBT_LOWER_BEGIN);
+	bool done = atomic_compare_exchange_strong(&s->state, st, st_with_tail(*st, tail));
+	atomic_fetch_add(&s->lowering, TBT_LOWER_END);
+	return done;
+}
+
 void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, size_t len,
 				 struct tokenbucket_reservation *r, int64_t now)
 {
@@ -1076,7 +1131,7 @@ again:;
 			return; /* nothing fits under burst */
 		uint64_t floor_tail = full_tail(&c, at);
 		uint64_t back = (uint64_t)tdiff(tail, floor_tail) > n ? tail - n : floor_tail;
-		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, back)))
+		if (lower(s, &st, back))
 			return;
 		if (st_claimed(st) || st_empty(st) ||
 		    atomic_load(&s->fp) != fp_for(c.fp, st))
@@ -1316,7 +1371,7 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 			atomic_store_explicit(&s->fp, 0, memory_order_relaxed);
 			atomic_store_explicit(&s->state, TBT_EMPTY, memory_order_relaxed);
 			atomic_store_explicit(&s->clock, TB__NO_TIME, memory_order_relaxed);
-			s->reserved = 0;
+			atomic_store_explicit(&s->lowering, 0, memory_order_relaxed);
 		}
 	}
 	struct tbt_header *h = &m->header.h;
@@ -1715,4 +1770,233 @@ int tokenbucket_table_get_limit(struct tokenbucket_table *t, struct tokenbucket_
 		return -EBADMSG;
 	*lim = (struct tokenbucket_limit){c.v.p, (int64_t)c.v.q, c.burst};
 	return 0;
+}
+
+/* ---- Several limits per key (1.2) ------------------------------------------ */
+
+/*
+ * A key decided on several tables at once: n from the key's bucket in
+ * every table, or from none, as src/core/set.c does it for buckets (the
+ * same check, takes in order and give-backs on a refusal).  The
+ * give-back differs in what it knows: a table's key keeps a tail and no
+ * head, and a cancel lowers that tail, so "the tail never fell below the
+ * ticket" is known only when no call lowered it since the take (the
+ * slot's lowering word).  docs/table.md, "Several limits per key", has
+ * the argument.
+ */
+
+/* Reads of the state a give-back makes, waiting for it to come back to its take's (as set.c). */
+#define TBT_UNDO_SPINS 64
+
+/* -EINVAL for tables no set call accepts: NULL, empty, too long, a NULL or repeated table. */
+static int check_tables(struct tokenbucket_table *const *tables, size_t count)
+{
+	if (tables == NULL || count == 0 || count > TOKENBUCKET_SET_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < count; i++) {
+		if (tables[i] == NULL)
+			return -EINVAL;
+		/*
+		 * Two handles on one table are one limit: the same memory, or the
+		 * same 128-bit random secret (one table mapped at two addresses).
+		 */
+		for (size_t j = 0; j < i; j++)
+			if (tables[j]->mem == tables[i]->mem ||
+			    (tables[j]->k0 == tables[i]->k0 && tables[j]->k1 == tables[i]->k1))
+				return -EINVAL;
+	}
+	return 0;
+}
+
+/* Whether state st is still the key's of the take that wrote after (the slot kept its owner). */
+static inline bool same_owner(uint64_t st, uint64_t after)
+{
+	return st_ver(st) == st_ver(after) && !st_claimed(st) && !st_empty(st);
+}
+
+/*
+ * Whether the key surely holds fewer than n tokens, read without taking
+ * (its clock moves to the call's time, as any call's): only a level read
+ * with the state and clock it was decided on refuses, as take refuses.
+ * False when unsure, and for a key without a slot (full): the take decides.
+ */
+static bool key_short(const struct tokenbucket_table *t, const struct tbt_call *c, uint64_t n)
+{
+	uint64_t st;
+	struct tbt_slot *s = find(c, &st);
+	if (s == NULL)
+		return false;
+	int64_t at = key_time(s, c->at);
+	/* decide's test without its division: a level of n or more, capped or not, passes. */
+	if (!regime_holds(t, c) || past_horizon(c, at) || level_at_least(c, at, st_tail(st), n))
+		return false;
+	return atomic_load_explicit(&s->state, memory_order_acquire) == st &&
+	       atomic_load(&s->clock) == at;
+}
+
+/*
+ * Takes back x tokens a give-back gave: the tail raised by x, as debt if
+ * they were used meanwhile.  Nothing if the slot changed hands (the key's
+ * bucket is gone: full, or another key's).
+ */
+static void take_back(struct tbt_slot *s, uint64_t after, uint64_t x)
+{
+	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
+		TB__ROUND();
+		uint64_t st = atomic_load(&s->state);
+		if (!same_owner(st, after) ||
+		    atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, st_tail(st) + x)))
+			return;
+	}
+}
+
+/*
+ * Gives back the k->tokens a set's take of k took from its key, never more
+ * than the key missed because of it, min(n, burst - M) with M the most the
+ * key held since the take (docs/sets.md), and nothing when that cannot be
+ * shown:
+ *  - the slot changed hands (evicted, reused, voided): the key's bucket is
+ *    gone, and a key without a bucket is full, so nothing is missed;
+ *  - a rate or burst change, or a re-anchor, ran since (gen moved): as a
+ *    bucket's reset, nothing;
+ *  - a call lowered the tail since the take, or was lowering it then (the
+ *    lowering word moved or was running): M is then unknown.
+ * Undo: the state is still the one the take wrote, so the tail is back
+ * where the take left it (later takes undone exactly by their sets): the
+ * tail goes back to where the take found it, exact.  A cancel racing the
+ * undo (a lowering after the check, undone by a take to the same word)
+ * is found after the compare-and-swap, and the n are taken back.
+ * Otherwise the tail never fell below the ticket since the take, so
+ * M <= Q(at) - ticket at the key's clock at, and min(n, burst - (Q(at) -
+ * ticket)) is given back by lowering the tail (itself a lowering, marked);
+ * if the key's clock moved on before the compare-and-swap landed, what
+ * the later time no longer allows is taken back.
+ */
+static void give_back(struct tokenbucket_table *t, int64_t now, struct tbt_taken *k)
+{
+	uint64_t n = k->tokens, mark = k->lowering;
+	struct tbt_slot *s = k->slot;
+	k->tokens = 0;
+	if (n == 0 || s == NULL || (mark & TBT_LOWER_RUNNING))
+		return;
+	struct tbt_call c = {.now = tb__time(now)};
+	if (!read_regime(t, &c, UINT64_MAX) || c.v.gen != k->gen)
+		return;
+	for (int spin = 0; spin < TBT_UNDO_SPINS; spin++) {
+		uint64_t st = k->after;
+		if (atomic_load(&s->lowering) != mark)
+			return;
+		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, k->base))) {
+			if (atomic_load(&s->lowering) != mark || !regime_holds(t, &c))
+				take_back(s, k->after, n);
+			return;
+		}
+		if (!same_owner(st, k->after))
+			return;
+		tb__cpu_relax();
+	}
+	uint64_t ticket = st_tail(k->after);
+	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
+		TB__ROUND();
+		/* The state, then the lowering word: a lowering that landed before the state was read shows. */
+		uint64_t st = atomic_load(&s->state);
+		if (!same_owner(st, k->after) || atomic_load(&s->lowering) != mark)
+			return;
+		int64_t at = key_time(s, c.at);
+		if (!regime_holds(t, &c) || past_horizon(&c, at))
+			return;
+		int64_t room = (int64_t)c.burst - level_of(&c, at, ticket);
+		if (room <= 0)
+			return;
+		uint64_t g = (uint64_t)room < n ? (uint64_t)room : n;
+		bool done = lower(s, &st, st_tail(st) - g);
+		mark += TBT_LOWER_BEGIN + TBT_LOWER_END;
+		if (!done)
+			continue;
+		int64_t later = atomic_load(&s->clock);
+		if (!regime_holds(t, &c)) {
+			take_back(s, k->after, g);
+		} else if (later > at) {
+			int64_t after = (int64_t)c.burst - level_of(&c, later, ticket);
+			uint64_t fair = after <= 0 ? 0 : (uint64_t)after < g ? (uint64_t)after : g;
+			if (fair < g)
+				take_back(s, k->after, g - fair);
+		}
+		return;
+	}
+}
+
+/* Gives back k[0] to k[i - 1], the latest first (so that undoing is likelier). */
+static void give_back_all(struct tokenbucket_table *const *tables, size_t i, int64_t now,
+			  struct tbt_taken *k)
+{
+	while (i-- > 0)
+		give_back(tables[i], now, &k[i]);
+}
+
+int tokenbucket_table_allow_all_at(struct tokenbucket_table *const *tables, size_t count,
+				   int64_t now, const void *key, size_t len, uint64_t n,
+				   struct tokenbucket_set_result *res)
+{
+	if (res == NULL || bad_key(key, len))
+		return -EINVAL;
+	int err = check_tables(tables, count);
+	if (err)
+		return err;
+	struct tbt_call c[TOKENBUCKET_SET_MAX];
+	for (size_t i = 0; i < count; i++)
+		if (!call_init(tables[i], now, key, len, n, &c[i]))
+			return -EBADMSG;
+	for (size_t i = 0; i < count; i++)
+		if (n > c[i].burst)
+			return -E2BIG;
+	struct tbt_outcome o[TOKENBUCKET_SET_MAX];
+	struct tbt_taken k[TOKENBUCKET_SET_MAX];
+	size_t refused = count, decided = 0;
+	/* A set that one table refuses is refused before anything is taken. */
+	for (size_t i = 1; i < count; i++) {
+		if (key_short(tables[i], &c[i], n)) {
+			refused = i;
+			break;
+		}
+	}
+	for (size_t i = 0; refused == count && i < count; i++) {
+		o[i] = (struct tbt_outcome){0};
+		k[i] = (struct tbt_taken){0};
+		err = past_horizon(&c[i], c[i].at) ? reanchor(tables[i], &c[i], c[i].at, n) : 0;
+		if (err == 0)
+			err = take(tables[i], &c[i], n, true, &o[i], &k[i]);
+		if (err || !o[i].allowed) {
+			give_back_all(tables, i, now, k);
+			/* -EDEADLK, -EBADMSG: nothing taken. */
+			if (err)
+				return err;
+			refused = i;
+			decided = i + 1;
+			break;
+		}
+		decided = i + 1;
+	}
+	bool allowed = refused == count;
+	struct tokenbucket_set_result out = {.allowed = allowed, .index = refused};
+	uint64_t fewest = UINT64_MAX;
+	for (size_t i = 0; i < count; i++) {
+		struct tokenbucket_result one;
+		/* Allowed, each take saw its level; refused, the others are read as they are now. */
+		if ((!allowed && i != refused) || i >= decided) {
+			o[i] = (struct tbt_outcome){0};
+			peek(&c[i], &o[i]);
+		}
+		report(&c[i], &o[i], n, &one);
+		tb__set_fold(&out, i, refused, &one, &fewest);
+	}
+	*res = out;
+	return 0;
+}
+
+int tokenbucket_table_allow_all(struct tokenbucket_table *const *tables, size_t count,
+				const void *key, size_t len, uint64_t n,
+				struct tokenbucket_set_result *res)
+{
+	return tokenbucket_table_allow_all_at(tables, count, tb__now(), key, len, n, res);
 }

@@ -659,17 +659,11 @@ START_TEST(threads_never_over_grant)
 		ck_assert_int_eq(tokenbucket_tokens_at(s.tb[i], T0), stress_limits[i].burst);
 	}
 	atomic_store(&s.clock, T0);
-	const char *env = getenv("TOKENBUCKET_STRESS_SECONDS");
-	double seconds = env && atof(env) > 0 ? atof(env) : 1.0;
-	s.until = tokenbucket_now() + (int64_t)(seconds * (double)SEC);
-	pthread_t t[THREADS];
+	s.until = tokenbucket_now() + (int64_t)(stress_seconds(1.0) * (double)SEC);
 	struct set_worker w[THREADS];
-	for (int i = 0; i < THREADS; i++) {
-		w[i] = (struct set_worker){ &s, i };
-		ck_assert_int_eq(pthread_create(&t[i], NULL, set_worker, &w[i]), 0);
-	}
 	for (int i = 0; i < THREADS; i++)
-		pthread_join(t[i], NULL);
+		w[i] = (struct set_worker){ &s, i };
+	run_each_thread(THREADS, set_worker, w, sizeof(w[0]));
 	int64_t end = atomic_load(&s.clock);
 	ck_assert_uint_gt(atomic_load(&s.allowed), 100);
 	ck_assert_uint_gt(atomic_load(&s.refused), 100);
@@ -677,9 +671,7 @@ START_TEST(threads_never_over_grant)
 	for (int i = 0; i < BUCKETS; i++) {
 		const struct tokenbucket_limit *l = &stress_limits[i];
 		/* Exact, in integers: burst + floor(elapsed * tokens / period). */
-		unsigned __int128 made = (unsigned __int128)(uint64_t)(end - T0) * l->tokens /
-					 (uint64_t)l->period_ns;
-		uint64_t bound = l->burst + (uint64_t)made;
+		uint64_t bound = limit_bound(l, end - T0);
 		uint64_t granted = atomic_load(&s.granted[i]);
 		ck_assert_msg(granted <= bound, "bucket %d granted %ju > %ju", i, (uintmax_t)granted,
 			      (uintmax_t)bound);
@@ -691,7 +683,7 @@ START_TEST(threads_never_over_grant)
 		/* Taken from, and not idle: the bound was approached. */
 		ck_assert_uint_gt(granted, 100);
 		/* Nothing lost for good: after a quiet period each bucket is full again. */
-		int64_t refill = (int64_t)(l->burst * (uint64_t)l->period_ns / l->tokens) + 1;
+		int64_t refill = limit_refill(l);
 		ck_assert_tokens(tokenbucket_tokens_at(s.tb[i], end + refill), (double)l->burst);
 		ck_assert(tokenbucket_allow_at(s.tb[i], end + refill, l->burst));
 		ck_assert(!tokenbucket_allow_at(s.tb[i], end + refill, 1));
