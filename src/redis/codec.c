@@ -74,7 +74,7 @@ static void put_head(const struct tokenbucket_redis_call *call, struct tbr__args
 		put(a, 5, "", 0);
 }
 
-/* allow_all: ... now n, then tokens period burst of each limit. */
+/* allow_all: ... now n, then tokens period burst of each limit, and for the script the reply form "1". */
 static int args_all(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via)
 {
 	const struct tbr__call_all *all = tbr__call_all_of(call);
@@ -90,6 +90,9 @@ static int args_all(const struct tokenbucket_redis_call *call, struct tbr__args 
 	for (size_t i = 0; i < all->count; i++)
 		put_limit(a, 7 + 3 * (int)i, 2 + 3 * (int)i, &all->limits[i]);
 	a->argc = 7 + 3 * (int)all->count - a->first;
+	/* No decimal times needed here either: the script may reply in integers. */
+	if (via != TBR__VIA_MODULE)
+		put(a, a->first + a->argc++, "1", 1);
 	return 0;
 }
 
@@ -264,19 +267,38 @@ static int64_t until(int64_t t, int64_t now)
 static int decode_all(const struct tokenbucket_redis_call *call, const redisReply *rep)
 {
 	const struct tbr__call_all *all = tbr__call_all_of(call);
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 6 ||
-	    rep->element[0]->type != REDIS_REPLY_INTEGER || rep->element[1]->type != REDIS_REPLY_INTEGER)
+	if (rep->type != REDIS_REPLY_ARRAY || (rep->elements != 5 && rep->elements != 6))
 		return -EPROTO;
+	bool compact = rep->elements == 5;
+	for (size_t i = 0; i < (compact ? 5u : 2u); i++)
+		if (rep->element[i]->type != REDIS_REPLY_INTEGER)
+			return -EPROTO;
 	long long code = rep->element[0]->integer, index = rep->element[1]->integer;
 	if (code < 0 || code > 2 || index < 0 || (unsigned long long)index >= all->count)
 		return -EPROTO;
 	if (code == 2)
 		return -E2BIG;
-	int64_t now, level, act, full;
 	uint64_t burst = all->limits[index].burst;
-	if (!read_int(rep->element[2], INT64_MIN, &now) || !read_int(rep->element[3], 0, &level) ||
-	    (uint64_t)level > burst || !read_int(rep->element[4], INT64_MIN, &act) ||
-	    !read_int(rep->element[5], INT64_MIN, &full))
+	int64_t level, retry, reset;
+	if (compact) {
+		/* { code, index, level, wait, full_wait }: waits in ns from the key's clock, -1 never. */
+		level = rep->element[2]->integer;
+		retry = rep->element[3]->integer;
+		reset = rep->element[4]->integer;
+		if (retry < -1 || reset < -1)
+			return -EPROTO;
+		retry = retry < 0 ? TOKENBUCKET_NEVER : retry;
+		reset = reset < 0 ? TOKENBUCKET_NEVER : reset;
+	} else {
+		int64_t now, act, full;
+		if (!read_int(rep->element[2], INT64_MIN, &now) || !read_int(rep->element[3], 0, &level) ||
+		    !read_int(rep->element[4], INT64_MIN, &act) ||
+		    !read_int(rep->element[5], INT64_MIN, &full))
+			return -EPROTO;
+		retry = until(act, now);
+		reset = until(full, now);
+	}
+	if (level < 0 || (uint64_t)level > burst)
 		return -EPROTO;
 	if (all->res != NULL) {
 		*all->res = (struct tokenbucket_set_result){
@@ -284,8 +306,8 @@ static int decode_all(const struct tokenbucket_redis_call *call, const redisRepl
 			.index = (size_t)index,
 			.limit = burst,
 			.remaining = (uint64_t)level,
-			.retry_after_ns = code == 1 ? 0 : until(act, now),
-			.reset_after_ns = until(full, now),
+			.retry_after_ns = code == 1 ? 0 : retry,
+			.reset_after_ns = reset,
 		};
 	}
 	return 0;

@@ -30,8 +30,8 @@ extern const char tbr__function_name[];
  * reply.  The command is argc words from argv + first.
  */
 #define TBR__ARGC 12
-/* allow_all's words: 7 and then three per limit (tbr__call_all). */
-#define TBR__ARGC_ALL (7 + 3 * TOKENBUCKET_SET_MAX)
+/* allow_all's words: 7, three per limit (tbr__call_all) and the reply form. */
+#define TBR__ARGC_ALL (8 + 3 * TOKENBUCKET_SET_MAX)
 struct tbr__args {
 	const char *argv[TBR__ARGC_ALL];
 	size_t len[TBR__ARGC_ALL];

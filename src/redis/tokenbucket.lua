@@ -19,8 +19,9 @@
 --
 -- Several limits in one key (1.2), all or nothing: ARGV[1] "allow_all",
 -- ARGV[2] now as above, ARGV[3] n, then tokens, period and burst of each
--- limit, 1 to 16 of them; the reply and the stored value ("tbs1 ...") are
--- described at allow_all below.
+-- limit, 1 to 16 of them, and optionally a last "1" (or "0") as ARGV[8]
+-- for allow; the reply and the stored value ("tbs1 ...") are described at
+-- allow_all below.
 --
 -- Reply: { code, now, level, rem, q, act, full } with code an integer
 -- (1 granted or given back, 0 refused, 2 n > burst, 3 debt too large) and the rest decimal
@@ -49,11 +50,18 @@ local BIL = 1000000000
 local key, op, nargs = KEYS[1], ARGV[1], #ARGV
 local several = op == "allow_all"
 if #KEYS ~= 1 or (not several and nargs ~= 7 and nargs ~= 8)
-	or (several and (nargs < 6 or nargs > 51 or nargs % 3 ~= 0)) then
+	or (several and (nargs < 6 or nargs > 52 or nargs % 3 == 2)) then
 	return redis.error_reply("ERR tokenbucket: bad argument count")
 end
 local compact = false
-if nargs == 8 then
+if several and nargs % 3 == 1 then
+	-- allow_all's last argument is then its reply form, as ARGV[8] is below.
+	compact = ARGV[nargs]
+	if compact ~= "1" and compact ~= "0" then
+		return redis.error_reply("ERR tokenbucket: bad reply form")
+	end
+	compact, nargs = compact == "1", nargs - 1
+elseif nargs == 8 then
 	compact = ARGV[8]
 	if compact ~= "1" and compact ~= "0" then
 		return redis.error_reply("ERR tokenbucket: bad reply form")
@@ -85,6 +93,22 @@ local stored = redis.call("GET", key)
 -- when the caller asked for decimal times.  Nothing is made into a string
 -- that is neither written nor replied.
 
+-- The common cases' now as (th, tl): whole seconds from 1 on, and ns,
+-- below INT64_MAX; nil for any other (the general paths read it).
+local th, tl
+if tm then
+	th, tl = tm[1] + 0, tm[2] * 1000
+elseif op == "allow" or op == "reserve" or several then
+	-- 19 digits, the first not 0 (from 2001 on), so that the pattern
+	-- never backtracks and the text is the time's decimal.
+	local h, l = match(ARGV[2], "^([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
+	if h then
+		th, tl = h + 0, l + 0
+	end
+end
+if th and (th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >= 854775807)) then
+	th = nil
+end
 local common = op == "allow" or op == "reserve"
 if common then
 	repeat
@@ -100,20 +124,7 @@ if common then
 		if p >= 1e15 or q >= 1e15 or sb >= 1e15 or n > sb then
 			break
 		end
-		-- now as (th, tl): whole seconds from 1 on, and ns, below INT64_MAX.
-		local th, tl
-		if tm then
-			th, tl = tm[1] + 0, tm[2] * 1000
-		else
-			-- 19 digits, the first not 0 (from 2001 on), so that the pattern
-			-- never backtracks and the text is the time's decimal.
-			local h, l = match(ARGV[2], "^([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
-			if not h then
-				break
-			end
-			th, tl = h + 0, l + 0
-		end
-		if th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
+		if not th then
 			break
 		end
 		-- The bucket: clock (h0, l0), in decimal sh .. sl, level lv (negative
@@ -279,6 +290,198 @@ if common then
 				or format("%.0f%09.0f", fh, fl)
 		end
 		return { code, ts, ls, rs, b, acts, fulls }
+	until true
+end
+
+-- ---- allow_all's common case, in doubles --------------------------------------
+-- As the single common case: a stored key holding as many limits as the
+-- call names, each with the call's configuration, or a new key; every
+-- number below 10^15, every product checked below 2^53.  A break hands the
+-- call, untouched, to allow_all below, which decides it alike.  One table
+-- holds what each limit computes.
+
+local quick = several
+if quick then
+	repeat
+		local ns = ARGV[3]
+		if #ns > 15 or not find(ns, "^%d+$") then
+			break
+		end
+		local n, count = ns + 0, (nargs - 3) / 3
+		if not th then
+			break
+		end
+		-- The stored clock (h0, l0), in decimal sh .. sl, and where its limits start.
+		local h0, l0, sh, sl, pos = th, tl
+		if stored then
+			sh, sl, pos = match(stored, "^tbs1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)()")
+			if not sh then
+				break
+			end
+			h0, l0 = sh + 0, sl + 0
+			if h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) then
+				break
+			end
+		end
+		local ts
+		if th < h0 or (th == h0 and tl < l0) then
+			th, tl, ts = h0, l0, sh .. sl
+		end
+		local dh = th - h0
+		if dh >= 9007198 then
+			break
+		end
+		local dt = dh * BIL + (tl - l0)
+		-- v[5i-4 .. 5i]: level, fraction, p, q, burst of limit i; then its
+		-- configuration's text at v[5 * count + i].
+		-- (Made with room for two limits: a table that grows reallocates.)
+		local v, short, fail = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, false, false
+		for i = 1, count do
+			local j = 3 * i
+			local cfg = ARGV[j + 1] .. " " .. ARGV[j + 2] .. " " .. ARGV[j + 3]
+			local lv, rem, p, q, sb
+			if stored then
+				-- A configuration of digits with no leading zero equal to the
+				-- call's: so the call's is that too.
+				local l, r, c, e = match(stored, "^ (%d+) (%d+) ([1-9]%d* [1-9]%d* [1-9]%d*)()", pos)
+				if not l or c ~= cfg or #l > 15 or #r > 15 then
+					fail = true
+					break
+				end
+				pos, lv, rem = e, l + 0, r + 0
+			elseif not find(cfg, "^[1-9]%d* [1-9]%d* [1-9]%d*$") then
+				fail = true
+				break
+			end
+			p, q, sb = ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 3] + 0
+			if not stored then
+				lv, rem = sb, 0
+			end
+			if p >= 1e15 or q >= 1e15 or sb >= 1e15 or n > sb or rem >= q or lv > sb then
+				fail = true
+				break
+			end
+			local x = dt * p + rem
+			if x >= LIM then
+				fail = true
+				break
+			end
+			rem = fmod(x, q)
+			if lv < sb then
+				lv = lv + (x - rem) / q
+				if lv > sb then
+					lv = sb
+				end
+			end
+			if not short and lv < n then
+				short = i
+			end
+			local k = 5 * i
+			v[k - 4], v[k - 3], v[k - 2], v[k - 1], v[k], v[5 * count + i] = lv, rem, p, q, sb, cfg
+		end
+		if fail or (stored and pos ~= #stored + 1) then
+			break
+		end
+		-- Taken from all or from none; w: the latest wait for n, wf until
+		-- full (false: never, or no time a double holds exactly).
+		local index, w, wf = short, 0, 0
+		for i = 1, count do
+			local k = 5 * i
+			local lv, rem, p, q, sb = v[k - 4], v[k - 3], v[k - 2], v[k - 1], v[k]
+			if not short then
+				lv = lv - n
+				v[k - 4] = lv
+				if not index or lv < v[5 * index - 4] then
+					index = i
+				end
+			elseif w and lv < n then
+				local x = (n - lv) * q - rem
+				if x >= LIM then
+					w = false
+				else
+					local m = fmod(x, p)
+					local d = (x - m) / p + (m > 0 and 1 or 0)
+					if d > w then
+						w = d
+					end
+				end
+			end
+			if wf and lv < sb then
+				local x = (sb - lv) * q - rem
+				if x >= LIM then
+					wf = false
+				else
+					local m = fmod(x, p)
+					local d = (x - m) / p + (m > 0 and 1 or 0)
+					if d > wf then
+						wf = d
+					end
+				end
+			end
+		end
+		-- A wait beyond 2^53 ns, or one past INT64_MAX: allow_all says it.
+		if not w or not wf then
+			break
+		end
+		-- The times t + w and t + wf, as (h, lo), false past INT64_MAX.
+		local wr = fmod(w, BIL)
+		local ah, al = th + (w - wr) / BIL, tl + wr
+		if al >= BIL then
+			ah, al = ah + 1, al - BIL
+		end
+		local fr = fmod(wf, BIL)
+		local fh, fl = th + (wf - fr) / BIL, tl + fr
+		if fl >= BIL then
+			fh, fl = fh + 1, fl - BIL
+		end
+		if ah > 9223372036 or (ah == 9223372036 and al >= 854775807) or fh > 9223372036
+			or (fh == 9223372036 and fl >= 854775807) then
+			break
+		end
+		local lv = v[5 * index - 4]
+		local write = not short or not tm or not stored
+		if compact and not write then
+			return { short and 0 or 1, index - 1, lv, w, wf }
+		end
+		if not ts then
+			if tm then
+				local us = tm[2]
+				local k = #us
+				ts = tm[1] .. (k == 6 and "" or k == 5 and "0" or k == 4 and "00" or k == 3 and "000"
+					or k == 2 and "0000" or "00000") .. us .. "000"
+			else
+				ts = ARGV[2]
+			end
+		end
+		local level = lv == 0 and "0" or lv < 1e14 and lv .. "" or format("%.0f", lv)
+		-- Refused on the server's clock with the stored configuration: nothing to write.
+		if write then
+			-- v becomes the value's words in place: level, fraction and
+			-- configuration of each limit, after "tbs1" and the clock.
+			for i = 1, count do
+				local k = 5 * i
+				local l, r = v[k - 4], v[k - 3]
+				v[3 * i], v[3 * i + 1], v[3 * i + 2] = l == 0 and "0" or l < 1e14 and l .. ""
+					or format("%.0f", l), r == 0 and "0" or r < 1e14 and r .. "" or format("%.0f", r),
+					v[5 * count + i]
+			end
+			v[1], v[2] = "tbs1", ts
+			local value = table.concat(v, " ", 1, 3 * count + 2)
+			if tm then
+				local ms = (wf + 999999) / 1000000
+				redis.call("SET", key, value, "PX", ms - ms % 1 + 1000)
+			else
+				redis.call("SET", key, value)
+			end
+		end
+		if compact then
+			return { short and 0 or 1, index - 1, lv, w, wf }
+		end
+		local acts = w == 0 and ts or ah < 2147483648 and format("%d%09d", ah, al)
+			or format("%.0f%09.0f", ah, al)
+		local fulls = wf == 0 and ts or fh < 2147483648 and format("%d%09d", fh, fl)
+			or format("%.0f%09.0f", fh, fl)
+		return { short and 0 or 1, index - 1, ts, level, acts, fulls }
 	until true
 end
 
@@ -785,7 +988,10 @@ end
 -- the fewest whole tokens left (the lowest of those); the key's clock;
 -- level: that limit's whole tokens; act: when every limit holds n (the
 -- latest of them; the clock if taken); full: when every limit is full
--- again; times as in the single reply.
+-- again; times as in the single reply.  With a last argument "1", the
+-- common case may reply instead { code, index, level, wait, full_wait } in
+-- integers, the waits in ns from the clock; callers tell the two apart by
+-- their length, as for allow.
 local function allow_all()
 	local count = (nargs - 3) / 3
 	local n = unsigned(ARGV[3], U64MAX)

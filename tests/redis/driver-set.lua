@@ -9,12 +9,29 @@
 -- (or "| E2BIG"), the local library's set answer, and checks the reply
 -- read as the client reads it (tokenbucket_redis_allow_all_at) against it,
 -- exactly.  A step at the caller's time must leave no expiry.  Every step
--- also runs with the script's common case turned off (it must not matter:
--- allow_all never takes it).  With --function every step also runs, moved
+-- also runs with allow_all's common case turned off, on a store of its
+-- own, and must reply and store the same; and asking for integers (a last
+-- argument "1"), on a store of its own: the same value, and the same reply
+-- or the same in integers.  With --function every step also runs, moved
 -- to the server's clock where its time allows (whole microseconds), on the
 -- function of LIBRARY and on the script, on stores of their own, and both
 -- must reply and store the same.  Exits 1 at the first difference.
 local script = assert(loadfile(arg[1]))
+-- The same script with allow_all's common case turned off.
+local general
+do
+	local f = assert(io.open(arg[1]))
+	local src = f:read("*a")
+	f:close()
+	local gate = "\nlocal quick = several\n"
+	local i, j = string.find(src, gate, 1, true)
+	if not i or string.find(src, gate, j, true) then
+		io.stderr:write("driver-set.lua: allow_all's common case's gate is not once in ", arg[1], "\n")
+		os.exit(1)
+	end
+	general = assert(loadstring(string.sub(src, 1, i) .. "local quick = false\n"
+		.. string.sub(src, j + 1), "=general"))
+end
 local library
 if arg[2] == "--function" and arg[3] then
 	local f = assert(io.open(arg[3]))
@@ -24,7 +41,8 @@ elseif arg[2] then
 	io.stderr:write("usage: lua5.1 driver-set.lua SCRIPT [--function LIBRARY] < steps\n")
 	os.exit(2)
 end
-local stores, store = { {}, {}, {} }, nil
+local stores, store = { {}, {}, {}, {}, {}, {} }, nil
+local compacts = 0
 local clock = { "1700000000", "0" }
 redis = {
 	call = function(cmd, k, v, px, ms)
@@ -42,6 +60,16 @@ redis = {
 		return { err = msg }
 	end,
 }
+-- allow_all's general path reads its numbers with unsigned(), which the
+-- common case never calls: a step without its find(s, "%D") was decided
+-- by the common case.
+local sfind, generals, common = string.find, 0, 0
+string.find = function(s, pat, ...)
+	if pat == "%D" then
+		generals = generals + 1
+	end
+	return sfind(s, pat, ...)
+end
 local fcall
 if library then
 	redis.register_function = function(name, f)
@@ -111,8 +139,43 @@ for line in io.lines() do
 	end
 	keys[k] = true
 	store = stores[1]
+	local generals0 = generals
 	local r = script()
 	steps = steps + 1
+	if generals == generals0 then
+		common = common + 1
+	end
+	local a = summary(r, k)
+	store = stores[4]
+	local b = summary(general(), k)
+	if a ~= b then
+		io.stderr:write("common case and allow_all differ at step ", steps, ":\n  ", line,
+			"\n  common  ", a, "\n  general ", b, "\n")
+		os.exit(1)
+	end
+	-- Asking for integers (a last argument "1"): the same store, and the
+	-- same reply or the same in integers.
+	store = stores[6]
+	ARGV[#ARGV + 1] = "1"
+	local c = script()
+	ARGV[#ARGV] = nil
+	local s1, s6 = stores[1][k], stores[6][k]
+	local same = (s1 and s1.value .. " " .. s1.px or "nil") == (s6 and s6.value .. " " .. s6.px or "nil")
+	if same and #c == 5 then
+		compacts = compacts + 1
+		same = not r.err and c[1] == r[1] and c[2] == r[2] and c[3] == tonumber(r[4])
+			and until_(r[5], r[3]) == string.format("%.0f", c[4])
+			and until_(r[6], r[3]) == string.format("%.0f", c[5])
+	elseif same then
+		same = summary(c, k) == summary(r, k)
+	end
+	if not same then
+		io.stderr:write("integers and decimals differ at step ", steps, ":\n  ", line,
+			"\n  decimals ", summary(r, k), "\n  integers ", c.err or table.concat(c, " "),
+			" | ", s6 and s6.value or "nil", "\n")
+		os.exit(1)
+	end
+	store = stores[1]
 	local got
 	if r.err then
 		got = "error " .. r.err
@@ -153,9 +216,11 @@ for line in io.lines() do
 		local a = summary(script(), k)
 		store = stores[3]
 		local b = summary(fcall({ k }, argv), k)
-		if a ~= b then
-			io.stderr:write("script and function differ at step ", steps, ":\n  ", line,
-				"\n  script   ", a, "\n  function ", b, "\n")
+		store = stores[5]
+		local c = summary(general(), k)
+		if a ~= b or a ~= c then
+			io.stderr:write("script, function and general path differ at step ", steps, ":\n  ",
+				line, "\n  script   ", a, "\n  function ", b, "\n  general  ", c, "\n")
 			os.exit(1)
 		end
 		fsteps = fsteps + 1
@@ -166,9 +231,10 @@ for _ in pairs(keys) do
 	nk = nk + 1
 end
 print(string.format("lua differential of allow_all: %d steps in %d sequences (%d taken, %d "
-	.. "refused), no difference; the function library the same on %d", steps, nk, allowed,
-	refused, fsteps))
-if allowed == 0 or refused == 0 then
-	io.stderr:write("no step was taken, or none refused\n")
+	.. "refused), no difference; %d decided by the common case, each the same with it off, "
+	.. "%d replied in integers; the function library the same on %d", steps, nk, allowed,
+	refused, common, compacts, fsteps))
+if allowed == 0 or refused == 0 or common == 0 then
+	io.stderr:write("no step was taken, none refused, or none decided by the common case\n")
 	os.exit(1)
 end

@@ -582,6 +582,24 @@ START_TEST(test_allow_all)
 	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("16"), bad, TOKENBUCKET_SET_MAX, t0, 1, &res), 0);
 	ck_assert(res.allowed);
 	ck_assert_uint_eq(res.index, 1);
+	/* The reply form, as allow's ARGV[8]: "1" integers (from the common case), "0" decimals. */
+	const char *form[] = { "EVAL", tokenbucket_redis_script(NULL), "1", "f", "allow_all", "", "1",
+			       "1", "1000", "5", "1", "1000000", "9", "1" };
+	r = redisCommandArgv(x, 14, form, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 5);
+	ck_assert(r->element[0]->integer == 1 && r->element[1]->integer == 0 && r->element[2]->integer == 4);
+	ck_assert_int_eq(r->element[3]->integer, 0);
+	ck_assert_int_eq(r->element[4]->integer, 1000000); /* the latest: the second limit */
+	freeReplyObject(r);
+	form[13] = "0";
+	r = redisCommandArgv(x, 14, form, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 6);
+	freeReplyObject(r);
+	form[13] = "2";
+	r = redisCommandArgv(x, 14, form, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
+	ck_assert_str_eq(r->str, "ERR tokenbucket: bad reply form");
+	freeReplyObject(r);
 	/* The public codec takes no allow_all: it is no op of struct tokenbucket_redis_call. */
 	struct tokenbucket_redis_call call = { .op = (enum tokenbucket_redis_op)64, .key = "k",
 					       .keylen = 1, .limit = two[0] };

@@ -364,7 +364,7 @@ START_TEST(test_module_set_hostile)
 	static const char *const bad[][9] = {
 		{ "allow_all", "", "1", NULL },
 		{ "allow_all", "", "1", "1", "1", NULL },
-		{ "allow_all", "", "1", "1", "1", "3", "1", NULL },
+		{ "allow_all", "", "1", "1", "1", "3", "1", "1", NULL },
 		{ "allow_all", "x", "1", "1", "1", "3", NULL },
 		{ "allow_all", "", "-1", "1", "1", "3", NULL },
 		{ "allow_all", "", "1", "1", "0", "3", NULL },
