@@ -183,7 +183,7 @@ START_TEST(test_differential)
 END_TEST
 
 /* A sequence of allow_all through client c, each result equal to the local set's. */
-static int set_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index)
+int redis_set_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index)
 {
 	struct seq_set s;
 	struct seq_set_step st;
@@ -225,7 +225,7 @@ START_TEST(test_set_differential)
 	long count = redis_sequences(10000) / 10;
 	long steps = 0;
 	for (long i = 0; i < count; i++)
-		steps += set_sequence(cli, 0x5e75e7u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
+		steps += redis_set_sequence(cli, 0x5e75e7u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
 	printf("redis differential of allow_all: %ld steps in %ld sequences, every result the "
 	       "local set's\n", steps, count);
 }
