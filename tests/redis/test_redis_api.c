@@ -611,12 +611,51 @@ START_TEST(test_allow_all)
 }
 END_TEST
 
+/* Redis unreachable: the local fallback decides allow_all, a bucket per limit. */
+START_TEST(test_allow_all_fallback)
+{
+	const struct tokenbucket_redis_limit two[2] = {
+		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 4 },
+		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 2 },
+	};
+	struct tokenbucket_redis *r;
+	/* Port 1: nothing listens there. */
+	ck_assert_int_eq(tokenbucket_redis_open(&r, "redis://127.0.0.1:1", 200 * MS, 200 * MS), 0);
+	struct tokenbucket_set_result res;
+	int err = tokenbucket_redis_allow_all(r, KEY("fb"), two, 2, 1, &res);
+	ck_assert_msg(err < 0 && err != -EINVAL, "no fallback yet: %d", err);
+	ck_assert_int_eq(tokenbucket_redis_set_fallback(r, 0.5), 0);
+	/* Half of each burst: 2 and 1. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb"), two, 2, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.flags, TOKENBUCKET_RESULT_LOCAL);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert_uint_eq(res.remaining, 0);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb"), two, 2, 1, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.flags, TOKENBUCKET_RESULT_LOCAL);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert(res.retry_after_ns > 3600 * SEC);
+	/* Nothing was taken from the first limit by the refusal. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb"), two, 1, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.remaining, 0);
+	/* n above a local share of a burst: refused, never. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb2"), two, 2, 2, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert_int_eq(res.retry_after_ns, TOKENBUCKET_NEVER);
+	tokenbucket_redis_close(r);
+}
+END_TEST
+
 Suite *redis_api_suite(void)
 {
 	Suite *s = suite_create("redis-api");
 	redis_tcase(s, "api", redis_setup, 30,
 		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_prefix_tcp_and_db, test_threads_share_a_client,
 					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection,
-					    test_fork_while_pipelined, test_allow_all, NULL });
+					    test_fork_while_pipelined, test_allow_all,
+					    test_allow_all_fallback, NULL });
 	return s;
 }
