@@ -453,7 +453,6 @@ if quick then
 				ts = ARGV[2]
 			end
 		end
-		local level = lv == 0 and "0" or lv < 1e14 and lv .. "" or format("%.0f", lv)
 		-- Refused on the server's clock with the stored configuration: nothing to write.
 		if write then
 			-- v becomes the value's words in place: level, fraction and
@@ -477,6 +476,7 @@ if quick then
 		if compact then
 			return { short and 0 or 1, index - 1, lv, w, wf }
 		end
+		local level = lv == 0 and "0" or lv < 1e14 and lv .. "" or format("%.0f", lv)
 		local acts = w == 0 and ts or ah < 2147483648 and format("%d%09d", ah, al)
 			or format("%.0f%09.0f", ah, al)
 		local fulls = wf == 0 and ts or fh < 2147483648 and format("%d%09d", fh, fl)
