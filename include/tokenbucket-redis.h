@@ -258,10 +258,10 @@ TOKENBUCKET_API int tokenbucket_redis_wait(struct tokenbucket_redis *r, const vo
  * Goes on a connection of its own even with pipelining.  When Redis
  * cannot answer, the local fallback decides with a local bucket per limit
  * (res->flags TOKENBUCKET_RESULT_LOCAL), as for allow.  0, or -EINVAL:
- * limits or res NULL, count
- * 0 or above TOKENBUCKET_SET_MAX, a bad rate; -ERANGE: a burst above
- * TOKENBUCKET_BURST_MAX; -E2BIG: n above some limit's burst (nothing
- * changes); -EBADMSG; the errors of every call (*res untouched then).
+ * limits or res NULL, count 0 or above TOKENBUCKET_SET_MAX, a bad rate;
+ * -ERANGE: a burst above TOKENBUCKET_BURST_MAX; -E2BIG: n above some
+ * limit's burst (nothing changes); -EBADMSG; the errors of every call
+ * (*res untouched then).
  */
 TOKENBUCKET_API int tokenbucket_redis_allow_all(struct tokenbucket_redis *r, const void *key,
 						size_t keylen,
