@@ -241,6 +241,39 @@ TOKENBUCKET_API int tokenbucket_redis_wait(struct tokenbucket_redis *r, const vo
 					   const struct tokenbucket_redis_limit *lim, uint64_t n,
 					   int64_t deadline, int cancel_fd);
 
+/*
+ * Since 1.2.  Several limits in one key ("10 a second and 1000 an hour"),
+ * decided in one round trip: takes n tokens from every limit or from none,
+ * as tokenbucket_allow_all_at does on local buckets, and reports the
+ * decision in *res (index: the lowest limit short of n if refused, the one
+ * with the fewest whole tokens left if taken).  limits[0] to
+ * limits[count - 1] (1 to TOKENBUCKET_SET_MAX) are the key's configuration,
+ * carried by every call as a single limit's is: a limit whose
+ * configuration differs is reconfigured at that instant, one not stored
+ * yet starts full, and the key keeps no limit past count.  The key holds
+ * all its limits in one value of its own kind ("tbs1", tokenbucket-redis(7)):
+ * the single-limit calls refuse it, and this call refuses a single
+ * limit's value, with -EBADMSG, changing nothing.  Time and expiry as for
+ * the other calls; the key expires a second after every limit is full.
+ * Goes on a connection of its own even with pipelining.  When Redis
+ * cannot answer, the local fallback decides with a local bucket per limit
+ * (res->flags TOKENBUCKET_RESULT_LOCAL), as for allow.  0, or -EINVAL:
+ * limits or res NULL, count 0 or above TOKENBUCKET_SET_MAX, a bad rate;
+ * -ERANGE: a burst above TOKENBUCKET_BURST_MAX; -E2BIG: n above some
+ * limit's burst (nothing changes); -EBADMSG; the errors of every call
+ * (*res untouched then).
+ */
+TOKENBUCKET_API int tokenbucket_redis_allow_all(struct tokenbucket_redis *r, const void *key,
+						size_t keylen,
+						const struct tokenbucket_redis_limit *limits,
+						size_t count, uint64_t n,
+						struct tokenbucket_set_result *res);
+TOKENBUCKET_API int tokenbucket_redis_allow_all_at(struct tokenbucket_redis *r, const void *key,
+						   size_t keylen,
+						   const struct tokenbucket_redis_limit *limits,
+						   size_t count, int64_t now, uint64_t n,
+						   struct tokenbucket_set_result *res);
+
 /* ---- Leases: a hot key decided locally (since 1.2) ------------------------ */
 
 struct tokenbucket_redis_lease;

@@ -1095,7 +1095,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 				  const struct tokenbucket_redis_call *call,
 				  tokenbucket_redis_done_fn *done, void *arg)
 {
-	if (a == NULL || call == NULL || done == NULL)
+	if (a == NULL || call == NULL || done == NULL || (unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
 		return -EINVAL;
 	if (a->closing)
 		return -ECANCELED;

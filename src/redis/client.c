@@ -219,7 +219,8 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
 	bool down_returns = tbr__fallback_down_returns(&r->fallback, call);
 	/* In a fork()ed child the I/O thread is gone: calls take the pool again. */
-	int err = r->bridge != NULL && tbr__bridge_here(r->bridge)
+	/* allow_all is no call an asynchronous client takes: it goes on a connection of its own. */
+	int err = r->bridge != NULL && tbr__bridge_here(r->bridge) && call->op != TBR__OP_ALLOW_ALL
 		? tbr__bridge_call(r->bridge, call, res, rv, tokens)
 		  : r->cluster != NULL
 		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)
@@ -403,6 +404,36 @@ int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t
 		return -EINVAL;
 	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_RESET, false, 0, tokens, 0);
 	return run(r, &call, NULL, NULL, NULL);
+}
+
+static int allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen,
+		     const struct tokenbucket_redis_limit *limits, size_t count, bool at,
+		     int64_t now, uint64_t n, struct tokenbucket_set_result *res)
+{
+	if (limits == NULL || count == 0 || count > TOKENBUCKET_SET_MAX || res == NULL)
+		return -EINVAL;
+	struct tbr__call_all all = {
+		.call = { .op = TBR__OP_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
+			  .key = key, .keylen = keylen, .now = now, .n = n },
+		.limits = limits,
+		.count = count,
+		.res = res,
+	};
+	return run(r, &all.call, NULL, NULL, NULL);
+}
+
+int tokenbucket_redis_allow_all_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				   const struct tokenbucket_redis_limit *limits, size_t count,
+				   int64_t now, uint64_t n, struct tokenbucket_set_result *res)
+{
+	return allow_all(r, key, keylen, limits, count, true, now, n, res);
+}
+
+int tokenbucket_redis_allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				const struct tokenbucket_redis_limit *limits, size_t count, uint64_t n,
+				struct tokenbucket_set_result *res)
+{
+	return allow_all(r, key, keylen, limits, count, false, 0, n, res);
 }
 
 /* An engine on r's server or cluster, with r's timeout and fallback, and prefix if with_prefix. */

@@ -81,23 +81,30 @@ ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap
 	return o - out;
 }
 
-int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via)
+/* A configuration the script takes: -EINVAL or -ERANGE otherwise. */
+static int check_limit(const struct tokenbucket_redis_limit *lim)
 {
-	bool module = via == TBR__VIA_MODULE;
-	if (call == NULL || a == NULL || (call->key == NULL && call->keylen > 0))
-		return -EINVAL;
-	if ((unsigned)call->op > TOKENBUCKET_REDIS_REFUND ||
-	    (call->flags & ~(TOKENBUCKET_REDIS_AT | TOKENBUCKET_REDIS_EVAL)))
-		return -EINVAL;
-	const struct tokenbucket_redis_limit *lim = &call->limit;
 	if (lim->tokens > 0 && lim->period_ns <= 0)
 		return -EINVAL;
 	if (lim->burst > TOKENBUCKET_BURST_MAX)
 		return -ERANGE;
-	if (call->op == TOKENBUCKET_REDIS_RESET && call->n > lim->burst)
-		return -EINVAL;
+	return 0;
+}
+
+/* Rate 0 goes as 0 per 1 ns whatever the period says. */
+static void put_limit(struct tbr__args *a, int i, int slot, const struct tokenbucket_redis_limit *lim)
+{
+	put_num(a, i, slot, false, lim->tokens);
+	put_num(a, i + 1, slot + 1, true, lim->tokens > 0 ? (uint64_t)lim->period_ns : 1);
+	put_num(a, i + 2, slot + 2, false, lim->burst);
+}
+
+/* The words every call starts with: the command, the key, op and now (words 0 to 5). */
+static void put_head(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via,
+		     const char *op)
+{
 	a->first = 0;
-	if (module) {
+	if (via == TBR__VIA_MODULE) {
 		/* The module takes the script's arguments after the key count. */
 		a->first = 2;
 		put(a, 2, "TOKENBUCKET.CALL", 16);
@@ -111,24 +118,62 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, in
 		put(a, 0, "EVALSHA", 7);
 		put(a, 1, tbr__script_sha1, 40);
 	}
-	a->argc = TBR__ARGC - 1 - a->first;
-	if (!module)
+	if (via != TBR__VIA_MODULE)
 		put(a, 2, "1", 1);
 	put(a, 3, call->keylen > 0 ? call->key : "", call->keylen);
-	put(a, 4, op_names[call->op], strlen(op_names[call->op]));
+	put(a, 4, op, strlen(op));
 	if (call->flags & TOKENBUCKET_REDIS_AT)
 		put_num(a, 5, 0, true, (uint64_t)call->now);
 	else
 		put(a, 5, "", 0);
-	/* Rate 0 goes as 0 per 1 ns whatever the period says. */
-	put_num(a, 6, 1, false, lim->tokens);
-	put_num(a, 7, 2, true, lim->tokens > 0 ? (uint64_t)lim->period_ns : 1);
-	put_num(a, 8, 3, false, lim->burst);
+}
+
+/* allow_all: ... now n, then tokens period burst of each limit, and for the script the reply form "1". */
+static int args_all(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via)
+{
+	const struct tbr__call_all *all = tbr__call_all_of(call);
+	if (all->limits == NULL || all->count == 0 || all->count > TOKENBUCKET_SET_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < all->count; i++) {
+		int err = check_limit(&all->limits[i]);
+		if (err != 0)
+			return err;
+	}
+	put_head(call, a, via, "allow_all");
+	put_num(a, 6, 1, false, call->n);
+	for (size_t i = 0; i < all->count; i++)
+		put_limit(a, 7 + 3 * (int)i, 2 + 3 * (int)i, &all->limits[i]);
+	a->argc = 7 + 3 * (int)all->count - a->first;
+	/* No decimal times needed here either: the script may reply in integers. */
+	if (via != TBR__VIA_MODULE)
+		put(a, a->first + a->argc++, "1", 1);
+	return 0;
+}
+
+int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via)
+{
+	if (call == NULL || a == NULL || (call->key == NULL && call->keylen > 0))
+		return -EINVAL;
+	if (call->flags & ~(TOKENBUCKET_REDIS_AT | TOKENBUCKET_REDIS_EVAL))
+		return -EINVAL;
+	if (call->op == TBR__OP_ALLOW_ALL)
+		return args_all(call, a, via);
+	if ((unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
+		return -EINVAL;
+	const struct tokenbucket_redis_limit *lim = &call->limit;
+	int err = check_limit(lim);
+	if (err != 0)
+		return err;
+	if (call->op == TOKENBUCKET_REDIS_RESET && call->n > lim->burst)
+		return -EINVAL;
+	put_head(call, a, via, op_names[call->op]);
+	a->argc = TBR__ARGC - 1 - a->first;
+	put_limit(a, 6, 1, lim);
 	put_num(a, 9, 4, false, call->n);
 	bool has_arg = call->op == TOKENBUCKET_REDIS_RESERVE || call->op == TOKENBUCKET_REDIS_CANCEL;
 	put_num(a, 10, 5, true, has_arg ? (uint64_t)call->arg : 0);
 	/* An allow needs no decimal times: the script may reply in integers. */
-	if (!module && call->op == TOKENBUCKET_REDIS_ALLOW) {
+	if (via != TBR__VIA_MODULE && call->op == TOKENBUCKET_REDIS_ALLOW) {
 		put(a, 11, "1", 1);
 		a->argc++;
 	}
@@ -269,6 +314,59 @@ static int64_t until(int64_t t, int64_t now)
 	return d >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
 }
 
+/*
+ * The reply to allow_all: { code, index, clock, level, act, full }, code 1
+ * taken, 0 refused, 2 n above limit index's burst (-E2BIG, *res untouched).
+ */
+static int decode_all(const struct tokenbucket_redis_call *call, const redisReply *rep)
+{
+	const struct tbr__call_all *all = tbr__call_all_of(call);
+	if (rep->type != REDIS_REPLY_ARRAY || (rep->elements != 5 && rep->elements != 6))
+		return -EPROTO;
+	bool compact = rep->elements == 5;
+	for (size_t i = 0; i < (compact ? 5u : 2u); i++)
+		if (rep->element[i]->type != REDIS_REPLY_INTEGER)
+			return -EPROTO;
+	long long code = rep->element[0]->integer, index = rep->element[1]->integer;
+	if (code < 0 || code > 2 || index < 0 || (unsigned long long)index >= all->count)
+		return -EPROTO;
+	if (code == 2)
+		return -E2BIG;
+	uint64_t burst = all->limits[index].burst;
+	int64_t level, retry, reset;
+	if (compact) {
+		/* { code, index, level, wait, full_wait }: waits in ns from the key's clock, -1 never. */
+		level = rep->element[2]->integer;
+		retry = rep->element[3]->integer;
+		reset = rep->element[4]->integer;
+		if (retry < -1 || reset < -1)
+			return -EPROTO;
+		retry = retry < 0 ? TOKENBUCKET_NEVER : retry;
+		reset = reset < 0 ? TOKENBUCKET_NEVER : reset;
+	} else {
+		int64_t now, act, full;
+		if (!read_int(rep->element[2], INT64_MIN, &now) || !read_int(rep->element[3], 0, &level) ||
+		    !read_int(rep->element[4], INT64_MIN, &act) ||
+		    !read_int(rep->element[5], INT64_MIN, &full))
+			return -EPROTO;
+		retry = until(act, now);
+		reset = until(full, now);
+	}
+	if (level < 0 || (uint64_t)level > burst)
+		return -EPROTO;
+	if (all->res != NULL) {
+		*all->res = (struct tokenbucket_set_result){
+			.allowed = code == 1,
+			.index = (size_t)index,
+			.limit = burst,
+			.remaining = (uint64_t)level,
+			.retry_after_ns = code == 1 ? 0 : retry,
+			.reset_after_ns = reset,
+		};
+	}
+	return 0;
+}
+
 int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep,
 		struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 		double *tokens)
@@ -277,6 +375,8 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 		return -EPROTO;
 	if (rep->type == REDIS_REPLY_ERROR)
 		return tbr__error(rep->str, rep->len);
+	if (call->op == TBR__OP_ALLOW_ALL)
+		return decode_all(call, rep);
 	if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 4)
 		return decode_compact(call, rep, res);
 	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 7 ||
@@ -328,7 +428,7 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 int tokenbucket_redis_format(const struct tokenbucket_redis_call *call, char **cmd, size_t *len)
 {
 	struct tbr__args a;
-	if (cmd == NULL || len == NULL)
+	if (cmd == NULL || len == NULL || (call != NULL && (unsigned)call->op > TOKENBUCKET_REDIS_REFUND))
 		return -EINVAL;
 	int err = tbr__args(call, &a, false);
 	if (err != 0)
@@ -346,7 +446,8 @@ int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call, const cha
 			    size_t len, size_t *used, struct tokenbucket_result *res,
 			    struct tokenbucket_reservation *rv, double *tokens)
 {
-	if (call == NULL || (buf == NULL && len > 0) || used == NULL)
+	if (call == NULL || (buf == NULL && len > 0) || used == NULL ||
+	    (unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
 		return -EINVAL;
 	redisReader *rd = redisReaderCreate();
 	if (rd == NULL)

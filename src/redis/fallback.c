@@ -2,7 +2,7 @@
 /*
  * The local fallback: while Redis cannot answer, allow and reserve decide
  * with a bucket of this process holding a share of the key's limit, one
- * per key in 256 slots.  Used by the blocking and the asynchronous client;
+ * per key in 256 slots (allow_all: one per limit of the key).  Used by the blocking and the asynchronous client;
  * safe from any thread (one mutex over the slots).
  */
 #include <errno.h>
@@ -142,12 +142,75 @@ static int fallback(struct tbr__fallback *r, const struct tokenbucket_redis_call
 	return err;
 }
 
+/*
+ * allow_all by local buckets, one per limit, each named by the key, a NUL
+ * and the limit's index (so no single key's); 1 if they could not decide,
+ * as when two of them fall in one slot (the second would replace the first).
+ */
+static int fallback_all(struct tbr__fallback *r, const struct tokenbucket_redis_call *call)
+{
+	const struct tbr__call_all *all = tbr__call_all_of(call);
+	size_t len = call->keylen + 2;
+	char *name = malloc(len);
+	if (name == NULL)
+		return 1;
+	if (call->keylen > 0)
+		memcpy(name, call->key, call->keylen);
+	name[call->keylen] = '\0';
+	struct tokenbucket *set[TOKENBUCKET_SET_MAX];
+	struct tbr__local *slot[TOKENBUCKET_SET_MAX];
+	int err = 1;
+	pthread_mutex_lock(&r->lock);
+	size_t i;
+	for (i = 0; i < all->count; i++) {
+		name[len - 1] = (char)i;
+		set[i] = local_bucket(r, name, len, &all->limits[i]);
+		slot[i] = r->local == NULL ? NULL : local_slot(r, name, len);
+		bool clash = false;
+		for (size_t j = 0; j < i; j++)
+			clash |= slot[j] == slot[i];
+		if (set[i] == NULL || clash)
+			break;
+	}
+	if (i == all->count) {
+		struct tokenbucket_set_result res;
+		err = tokenbucket_allow_all(set, all->count, call->n, &res);
+		if (err == -E2BIG) {
+			/* n above a local share of a burst: refused, as a local allow refuses it. */
+			for (i = 0; i + 1 < all->count && tokenbucket_burst(set[i]) >= call->n; i++)
+				;
+			struct tokenbucket_result one;
+			local_result(set[i], false, TOKENBUCKET_NEVER, &one);
+			res = (struct tokenbucket_set_result){ .index = i, .limit = one.limit,
+							       .remaining = one.remaining,
+							       .retry_after_ns = TOKENBUCKET_NEVER,
+							       .reset_after_ns = one.reset_after_ns };
+			err = 0;
+		}
+		if (err == 0 && all->res != NULL) {
+			res.flags = TOKENBUCKET_RESULT_LOCAL;
+			*all->res = res;
+		}
+		if (err != 0)
+			err = 1;
+	}
+	pthread_mutex_unlock(&r->lock);
+	free(name);
+	return err;
+}
+
+static bool decides(const struct tokenbucket_redis_call *call)
+{
+	return call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE ||
+	       call->op == TBR__OP_ALLOW_ALL;
+}
+
 int tbr__fallback_apply(struct tbr__fallback *fb, const struct tokenbucket_redis_call *call,
 			int err, struct tokenbucket_result *res, struct tokenbucket_reservation *rv)
 {
-	if (unavailable(err) && fb->share > 0 &&
-	    (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE)) {
-		int local = fallback(fb, call, res, rv);
+	if (unavailable(err) && fb->share > 0 && decides(call)) {
+		int local = call->op == TBR__OP_ALLOW_ALL ? fallback_all(fb, call)
+							   : fallback(fb, call, res, rv);
 		if (local != 1)
 			err = local;
 	}
@@ -157,8 +220,7 @@ int tbr__fallback_apply(struct tbr__fallback *fb, const struct tokenbucket_redis
 bool tbr__fallback_down_returns(const struct tbr__fallback *fb,
 				const struct tokenbucket_redis_call *call)
 {
-	return fb->share > 0 &&
-	       (call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE);
+	return fb->share > 0 && decides(call);
 }
 
 void tbr__fallback_cancel(struct tbr__fallback *fb, const char *key, size_t len,

@@ -24,9 +24,9 @@ void tbr__fallback_init(struct tbr__fallback *fb);
 void tbr__fallback_fini(struct tbr__fallback *fb);
 /*
  * err, the outcome of call (its key prefixed) on the server; or, when err
- * says the server is unavailable and call is an allow or a reserve, what
- * the local bucket decides instead (flagged TOKENBUCKET_RESULT_LOCAL; a
- * local reservation is marked rv->reserved = 1).
+ * says the server is unavailable and call is an allow, a reserve or an
+ * allow_all, what the local bucket (or buckets) decide instead (flagged
+ * TOKENBUCKET_RESULT_LOCAL; a local reservation is marked rv->reserved = 1).
  */
 int tbr__fallback_apply(struct tbr__fallback *fb, const struct tokenbucket_redis_call *call,
 			int err, struct tokenbucket_result *res, struct tokenbucket_reservation *rv);

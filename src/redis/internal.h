@@ -31,12 +31,33 @@ extern const char tbr__function_name[];
  * reply.  The command is argc words from argv + first.
  */
 #define TBR__ARGC 12
+/* allow_all's words: 7, three per limit (tbr__call_all) and the reply form. */
+#define TBR__ARGC_ALL (8 + 3 * TOKENBUCKET_SET_MAX)
 struct tbr__args {
-	const char *argv[TBR__ARGC];
-	size_t len[TBR__ARGC];
-	char num[6][24];
+	const char *argv[TBR__ARGC_ALL];
+	size_t len[TBR__ARGC_ALL];
+	char num[2 + 3 * TOKENBUCKET_SET_MAX][24];
 	int first, argc;
 };
+
+/*
+ * Several limits in one key (tokenbucket_redis_allow_all): an op past the
+ * public ones, only ever in the call of a struct tbr__call_all, which the
+ * blocking calls pass down by the address of its call.  The public entry
+ * points that take a call from the caller (tokenbucket_redis_format,
+ * _parse, _async_start) refuse the op.
+ */
+#define TBR__OP_ALLOW_ALL ((enum tokenbucket_redis_op)64)
+struct tbr__call_all {
+	struct tokenbucket_redis_call call; /* op TBR__OP_ALLOW_ALL; call.limit unused */
+	const struct tokenbucket_redis_limit *limits;
+	size_t count;
+	struct tokenbucket_set_result *res; /* tbr__decode's output, or NULL */
+};
+static inline struct tbr__call_all *tbr__call_all_of(const struct tokenbucket_redis_call *call)
+{
+	return (struct tbr__call_all *)((char *)call - offsetof(struct tbr__call_all, call));
+}
 
 /*
  * How a call goes: EVALSHA (or EVAL) of the script, TOKENBUCKET.CALL of the

@@ -17,6 +17,12 @@
 -- ARGV[8]  optional (1.2): "1" lets an allow reply compactly (below), "0"
 --          or no ARGV[8] asks for the reply below
 --
+-- Several limits in one key (1.2), all or nothing: ARGV[1] "allow_all",
+-- ARGV[2] now as above, ARGV[3] n, then tokens, period and burst of each
+-- limit, 1 to 16 of them, and optionally a last "1" (or "0") as ARGV[8]
+-- for allow; the reply and the stored value ("tbs1 ...") are described at
+-- allow_all below.
+--
 -- Reply: { code, now, level, rem, q, act, full } with code an integer
 -- (1 granted or given back, 0 refused, 2 n > burst, 3 debt too large) and the rest decimal
 -- strings: the time the bucket has seen, its whole tokens (negative in debt),
@@ -42,11 +48,20 @@ local BIL = 1000000000
 -- ---- The call -------------------------------------------------------------------
 
 local key, op, nargs = KEYS[1], ARGV[1], #ARGV
-if #KEYS ~= 1 or (nargs ~= 7 and nargs ~= 8) then
+local several = op == "allow_all"
+if #KEYS ~= 1 or (not several and nargs ~= 7 and nargs ~= 8)
+	or (several and (nargs < 6 or nargs > 52 or nargs % 3 == 2)) then
 	return redis.error_reply("ERR tokenbucket: bad argument count")
 end
 local compact = false
-if nargs == 8 then
+if several and nargs % 3 == 1 then
+	-- allow_all's last argument is then its reply form, as ARGV[8] is below.
+	compact = ARGV[nargs]
+	if compact ~= "1" and compact ~= "0" then
+		return redis.error_reply("ERR tokenbucket: bad reply form")
+	end
+	compact, nargs = compact == "1", nargs - 1
+elseif nargs == 8 then
 	compact = ARGV[8]
 	if compact ~= "1" and compact ~= "0" then
 		return redis.error_reply("ERR tokenbucket: bad reply form")
@@ -54,7 +69,7 @@ if nargs == 8 then
 	compact = compact == "1" and op == "allow"
 end
 if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "refund" and op ~= "tokens"
-	and op ~= "reset" then
+	and op ~= "reset" and not several then
 	return redis.error_reply("ERR tokenbucket: bad op")
 end
 -- The server's clock is read once, whichever path decides.
@@ -78,6 +93,22 @@ local stored = redis.call("GET", key)
 -- when the caller asked for decimal times.  Nothing is made into a string
 -- that is neither written nor replied.
 
+-- The common cases' now as (th, tl): whole seconds from 1 on, and ns,
+-- below INT64_MAX; nil for any other (the general paths read it).
+local th, tl
+if tm then
+	th, tl = tm[1] + 0, tm[2] * 1000
+elseif op == "allow" or op == "reserve" or several then
+	-- 19 digits, the first not 0 (from 2001 on), so that the pattern
+	-- never backtracks and the text is the time's decimal.
+	local h, l = match(ARGV[2], "^([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
+	if h then
+		th, tl = h + 0, l + 0
+	end
+end
+if th and (th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >= 854775807)) then
+	th = nil
+end
 local common = op == "allow" or op == "reserve"
 if common then
 	repeat
@@ -93,20 +124,7 @@ if common then
 		if p >= 1e15 or q >= 1e15 or sb >= 1e15 or n > sb then
 			break
 		end
-		-- now as (th, tl): whole seconds from 1 on, and ns, below INT64_MAX.
-		local th, tl
-		if tm then
-			th, tl = tm[1] + 0, tm[2] * 1000
-		else
-			-- 19 digits, the first not 0 (from 2001 on), so that the pattern
-			-- never backtracks and the text is the time's decimal.
-			local h, l = match(ARGV[2], "^([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)$")
-			if not h then
-				break
-			end
-			th, tl = h + 0, l + 0
-		end
-		if th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
+		if not th then
 			break
 		end
 		-- The bucket: clock (h0, l0), in decimal sh .. sl, level lv (negative
@@ -272,6 +290,198 @@ if common then
 				or format("%.0f%09.0f", fh, fl)
 		end
 		return { code, ts, ls, rs, b, acts, fulls }
+	until true
+end
+
+-- ---- allow_all's common case, in doubles --------------------------------------
+-- As the single common case: a stored key holding as many limits as the
+-- call names, each with the call's configuration, or a new key; every
+-- number below 10^15, every product checked below 2^53.  A break hands the
+-- call, untouched, to allow_all below, which decides it alike.  One table
+-- holds what each limit computes.
+
+local quick = several
+if quick then
+	repeat
+		local ns = ARGV[3]
+		if #ns > 15 or not find(ns, "^%d+$") then
+			break
+		end
+		local n, count = ns + 0, (nargs - 3) / 3
+		if not th then
+			break
+		end
+		-- The stored clock (h0, l0), in decimal sh .. sl, and where its limits start.
+		local h0, l0, sh, sl, pos = th, tl
+		if stored then
+			sh, sl, pos = match(stored, "^tbs1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)()")
+			if not sh then
+				break
+			end
+			h0, l0 = sh + 0, sl + 0
+			if h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) then
+				break
+			end
+		end
+		local ts
+		if th < h0 or (th == h0 and tl < l0) then
+			th, tl, ts = h0, l0, sh .. sl
+		end
+		local dh = th - h0
+		if dh >= 9007198 then
+			break
+		end
+		local dt = dh * BIL + (tl - l0)
+		-- v[5i-4 .. 5i]: level, fraction, p, q, burst of limit i; then its
+		-- configuration's text at v[5 * count + i].
+		-- (Made with room for two limits: a table that grows reallocates.)
+		local v, short, fail = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }, false, false
+		for i = 1, count do
+			local j = 3 * i
+			local cfg = ARGV[j + 1] .. " " .. ARGV[j + 2] .. " " .. ARGV[j + 3]
+			local lv, rem, p, q, sb
+			if stored then
+				-- A configuration of digits with no leading zero equal to the
+				-- call's: so the call's is that too.
+				local l, r, c, e = match(stored, "^ (%d+) (%d+) ([1-9]%d* [1-9]%d* [1-9]%d*)()", pos)
+				if not l or c ~= cfg or #l > 15 or #r > 15 then
+					fail = true
+					break
+				end
+				pos, lv, rem = e, l + 0, r + 0
+			elseif not find(cfg, "^[1-9]%d* [1-9]%d* [1-9]%d*$") then
+				fail = true
+				break
+			end
+			p, q, sb = ARGV[j + 1] + 0, ARGV[j + 2] + 0, ARGV[j + 3] + 0
+			if not stored then
+				lv, rem = sb, 0
+			end
+			if p >= 1e15 or q >= 1e15 or sb >= 1e15 or n > sb or rem >= q or lv > sb then
+				fail = true
+				break
+			end
+			local x = dt * p + rem
+			if x >= LIM then
+				fail = true
+				break
+			end
+			rem = fmod(x, q)
+			if lv < sb then
+				lv = lv + (x - rem) / q
+				if lv > sb then
+					lv = sb
+				end
+			end
+			if not short and lv < n then
+				short = i
+			end
+			local k = 5 * i
+			v[k - 4], v[k - 3], v[k - 2], v[k - 1], v[k], v[5 * count + i] = lv, rem, p, q, sb, cfg
+		end
+		if fail or (stored and pos ~= #stored + 1) then
+			break
+		end
+		-- Taken from all or from none; w: the latest wait for n, wf until
+		-- full (false: never, or no time a double holds exactly).
+		local index, w, wf = short, 0, 0
+		for i = 1, count do
+			local k = 5 * i
+			local lv, rem, p, q, sb = v[k - 4], v[k - 3], v[k - 2], v[k - 1], v[k]
+			if not short then
+				lv = lv - n
+				v[k - 4] = lv
+				if not index or lv < v[5 * index - 4] then
+					index = i
+				end
+			elseif w and lv < n then
+				local x = (n - lv) * q - rem
+				if x >= LIM then
+					w = false
+				else
+					local m = fmod(x, p)
+					local d = (x - m) / p + (m > 0 and 1 or 0)
+					if d > w then
+						w = d
+					end
+				end
+			end
+			if wf and lv < sb then
+				local x = (sb - lv) * q - rem
+				if x >= LIM then
+					wf = false
+				else
+					local m = fmod(x, p)
+					local d = (x - m) / p + (m > 0 and 1 or 0)
+					if d > wf then
+						wf = d
+					end
+				end
+			end
+		end
+		-- A wait beyond 2^53 ns, or one past INT64_MAX: allow_all says it.
+		if not w or not wf then
+			break
+		end
+		-- The times t + w and t + wf, as (h, lo), false past INT64_MAX.
+		local wr = fmod(w, BIL)
+		local ah, al = th + (w - wr) / BIL, tl + wr
+		if al >= BIL then
+			ah, al = ah + 1, al - BIL
+		end
+		local fr = fmod(wf, BIL)
+		local fh, fl = th + (wf - fr) / BIL, tl + fr
+		if fl >= BIL then
+			fh, fl = fh + 1, fl - BIL
+		end
+		if ah > 9223372036 or (ah == 9223372036 and al >= 854775807) or fh > 9223372036
+			or (fh == 9223372036 and fl >= 854775807) then
+			break
+		end
+		local lv = v[5 * index - 4]
+		local write = not short or not tm or not stored
+		if compact and not write then
+			return { short and 0 or 1, index - 1, lv, w, wf }
+		end
+		if not ts then
+			if tm then
+				local us = tm[2]
+				local k = #us
+				ts = tm[1] .. (k == 6 and "" or k == 5 and "0" or k == 4 and "00" or k == 3 and "000"
+					or k == 2 and "0000" or "00000") .. us .. "000"
+			else
+				ts = ARGV[2]
+			end
+		end
+		-- Refused on the server's clock with the stored configuration: nothing to write.
+		if write then
+			-- v becomes the value's words in place: level, fraction and
+			-- configuration of each limit, after "tbs1" and the clock.
+			for i = 1, count do
+				local k = 5 * i
+				local l, r = v[k - 4], v[k - 3]
+				v[3 * i], v[3 * i + 1], v[3 * i + 2] = l == 0 and "0" or l < 1e14 and l .. ""
+					or format("%.0f", l), r == 0 and "0" or r < 1e14 and r .. "" or format("%.0f", r),
+					v[5 * count + i]
+			end
+			v[1], v[2] = "tbs1", ts
+			local value = table.concat(v, " ", 1, 3 * count + 2)
+			if tm then
+				local ms = (wf + 999999) / 1000000
+				redis.call("SET", key, value, "PX", ms - ms % 1 + 1000)
+			else
+				redis.call("SET", key, value)
+			end
+		end
+		if compact then
+			return { short and 0 or 1, index - 1, lv, w, wf }
+		end
+		local level = lv == 0 and "0" or lv < 1e14 and lv .. "" or format("%.0f", lv)
+		local acts = w == 0 and ts or ah < 2147483648 and format("%d%09d", ah, al)
+			or format("%.0f%09.0f", ah, al)
+		local fulls = wf == 0 and ts or fh < 2147483648 and format("%d%09d", fh, fl)
+			or format("%.0f%09.0f", fh, fl)
+		return { short and 0 or 1, index - 1, ts, level, acts, fulls }
 	until true
 end
 
@@ -684,57 +894,9 @@ local function tadd(t, w)
 	return tmake(t[1] + q, t[2] + r)
 end
 
--- The configuration: p tokens per q ns (p 0: rate 0, kept as 0 per 1).
-local p, q = unsigned(ARGV[3], U64MAX), unsigned(ARGV[4], Q_MAX)
-if p == nil or q == nil or (p ~= 0 and q == 0) then
-	return bad("rate")
-end
-if p == 0 then
-	q = 1
-end
-local burst = unsigned(ARGV[5], T62)
-local n = unsigned(ARGV[6], U64MAX)
-if burst == nil or n == nil then
-	return bad("burst or n")
-end
--- reserve: max_wait; cancel: time_to_act.  Both int64.
-local arg
-if op == "reserve" or op == "cancel" then
-	arg = readint(ARGV[7])
-	if arg == nil then
-		return bad(op == "reserve" and "max_wait" or "time_to_act")
-	end
-end
-if op == "reset" and pcmp(n, burst) > 0 then
-	return bad("reset level")
-end
-
--- The stored state: "tb1 clock level rem p q burst", decimal, level negative
--- in debt.  Kept as tok (whole tokens) and debt, one of them 0.  A value
--- that is not exactly that, or breaks an invariant, is refused, never
--- repaired.
+-- The bucket being decided: its clock, whole tokens and debt (one of them
+-- 0), the fraction rem/sq, the rate sp per sq and the burst sb.
 local clock, tok, debt, rem, sp, sq, sb
-if stored then
-	local c, neg, l, r, a, b, u = string.match(stored,
-		"^tb1 (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+) (%d+)$")
-	if c then
-		clock = readint(c)
-		rem, sp, sq, sb = unsigned(r, U64MAX), unsigned(a, U64MAX), unsigned(b, Q_MAX), unsigned(u, T62)
-		if neg == "-" then
-			tok, debt = 0, unsigned(l, DEBT_MAX)
-		else
-			tok, debt = unsigned(l, T62), 0
-		end
-	end
-	if not (clock and tok and debt and rem and sp and sq and sb) or tcmp(clock, TMIN) == 0
-		or tcmp(clock, TMAX) == 0 or sq == 0 or (sp == 0 and sq ~= 1)
-		or pcmp(rem, sq) >= 0 or pcmp(tok, sb) > 0 then
-		return redis.error_reply("TBCORRUPT the value at this key is not a token bucket")
-	end
-else
-	-- A new bucket is full and sees its first time now.
-	clock, tok, debt, rem, sp, sq, sb = now, burst, 0, 0, p, q, burst
-end
 
 -- Adds k tokens, paying debt first, within burst.
 local function credit(k)
@@ -777,33 +939,250 @@ local function covered(d)
 	return tadd(clock, pdivceil(psub(pmul(d, sq), rem), sp))
 end
 
-local changed, reconf = false, false
--- A call whose configuration differs reconfigures the bucket at now, as
--- set_rate_every_at and then set_burst_at would.
-if pcmp(pmul(p, sq), pmul(sp, q)) ~= 0 then
-	advance(now)
-	if p ~= 0 and sp ~= 0 then
-		-- The old fraction carries, rounded down to a nanosecond of the new
-		-- rate, and reaches no further back than INT64_MIN + 1.
-		local carry = pdivmod(pmul(rem, q), pmul(sq, p))
-		local room = tdiff(clock, TMIN1)
-		if pcmp(carry, room) > 0 then
-			carry = room
+-- Reconfigures the bucket at now to p per q and burst, as set_rate_every_at
+-- and then set_burst_at would; true if anything changed.
+local function reconfigure(p, q, burst)
+	local reconf = false
+	if pcmp(pmul(p, sq), pmul(sp, q)) ~= 0 then
+		advance(now)
+		if p ~= 0 and sp ~= 0 then
+			-- The old fraction carries, rounded down to a nanosecond of the new
+			-- rate, and reaches no further back than INT64_MIN + 1.
+			local carry = pdivmod(pmul(rem, q), pmul(sq, p))
+			local room = tdiff(clock, TMIN1)
+			if pcmp(carry, room) > 0 then
+				carry = room
+			end
+			rem = pmul(carry, p)
+		else
+			rem = 0
 		end
-		rem = pmul(carry, p)
-	else
-		rem = 0
+		sp, sq, reconf = p, q, true
 	end
-	sp, sq, changed, reconf = p, q, true, true
-end
-if pcmp(burst, sb) ~= 0 then
-	advance(now)
-	sb, changed, reconf = burst, true, true
-	if pcmp(tok, sb) > 0 then
-		tok = sb
+	if pcmp(burst, sb) ~= 0 then
+		advance(now)
+		sb, reconf = burst, true
+		if pcmp(tok, sb) > 0 then
+			tok = sb
+		end
 	end
+	return reconf
 end
 
+-- ---- allow_all: several limits in one key, all or nothing (1.2) ---------------
+-- ARGV: "allow_all", now, n, then tokens period burst for each of 1 to 16
+-- limits.  The stored value is
+--   "tbs1 clock" then " level rem tokens period burst" for each limit,
+-- decimal, the limits in the call's order, one clock for all of them
+-- (every limit of a key has seen every call's time), no debt (nothing but
+-- allow_all writes it, and an allow never borrows).  The single-limit ops
+-- find no "tb1" there and refuse it (TBCORRUPT), as allow_all refuses a
+-- "tb1" value: a key holds one kind or the other.  Each limit i is decided
+-- as the single allow decides it, reconfigured the same way when its
+-- configuration differs; a call naming more limits than are stored adds
+-- them full, one naming fewer drops the rest.  n is taken from every limit
+-- or from none.
+-- Reply: { code, index, clock, level, act, full }: code 1 taken, 0 refused,
+-- 2 n above limit index's burst (nothing read or written); index (from 0)
+-- the limit refused, the lowest one short of n, or if taken the one with
+-- the fewest whole tokens left (the lowest of those); the key's clock;
+-- level: that limit's whole tokens; act: when every limit holds n (the
+-- latest of them; the clock if taken); full: when every limit is full
+-- again; times as in the single reply.  With a last argument "1", the
+-- common case may reply instead { code, index, level, wait, full_wait } in
+-- integers, the waits in ns from the clock; callers tell the two apart by
+-- their length, as for allow.
+local function allow_all()
+	local count = (nargs - 3) / 3
+	local n = unsigned(ARGV[3], U64MAX)
+	if n == nil then
+		return bad("n")
+	end
+	local cfg = {}
+	for i = 1, count do
+		local j = 3 * i + 1
+		local p, q = unsigned(ARGV[j], U64MAX), unsigned(ARGV[j + 1], Q_MAX)
+		if p == nil or q == nil or (p ~= 0 and q == 0) then
+			return bad("rate")
+		end
+		if p == 0 then
+			q = 1
+		end
+		local b = unsigned(ARGV[j + 2], T62)
+		if b == nil then
+			return bad("burst or n")
+		end
+		cfg[i] = { p, q, b }
+	end
+	for i = 1, count do
+		if pcmp(n, cfg[i][3]) > 0 then
+			return { 2, i - 1, tshow(now), "0", NEVER, NEVER }
+		end
+	end
+	-- The stored limits, checked as the single path checks a bucket.
+	local st, clock0 = {}, now
+	if stored then
+		local f, pos, len = {}, 6, #stored
+		if string.sub(stored, 1, 5) ~= "tbs1 " then
+			f = nil
+		end
+		while f do
+			local a, b = find(stored, "^%-?%d+", pos)
+			if not a or #f > 80 then
+				f = nil
+				break
+			end
+			f[#f + 1] = string.sub(stored, a, b)
+			if b == len then
+				break
+			end
+			if string.sub(stored, b + 1, b + 1) ~= " " then
+				f = nil
+				break
+			end
+			pos = b + 2
+		end
+		local m = f and (#f - 1) / 5
+		clock0 = f and readint(f[1])
+		if not m or m < 1 or m > 16 or m % 1 ~= 0 or not clock0 or tcmp(clock0, TMIN) == 0
+			or tcmp(clock0, TMAX) == 0 then
+			return redis.error_reply("TBCORRUPT the value at this key is not a set of token buckets")
+		end
+		for i = 1, m do
+			local o = 5 * i - 3
+			local l, r = unsigned(f[o], T62), unsigned(f[o + 1], U64MAX)
+			local a, b, u = unsigned(f[o + 2], U64MAX), unsigned(f[o + 3], Q_MAX), unsigned(f[o + 4], T62)
+			if not (l and r and a and b and u) or b == 0 or (a == 0 and b ~= 1) or pcmp(r, b) >= 0
+				or pcmp(l, u) > 0 then
+				return redis.error_reply("TBCORRUPT the value at this key is not a set of token buckets")
+			end
+			st[i] = { l, r, a, b, u }
+		end
+	end
+	-- Each limit at max(now, clock), reconfigured as the call says.
+	local reconf, short = not stored or #st ~= count, nil
+	local out = {}
+	for i = 1, count do
+		local c, s = cfg[i], st[i]
+		clock, debt = clock0, 0
+		if s then
+			tok, rem, sp, sq, sb = s[1], s[2], s[3], s[4], s[5]
+		else
+			-- A limit not stored yet is full.
+			tok, rem, sp, sq, sb = c[3], 0, c[1], c[2], c[3]
+		end
+		if reconfigure(c[1], c[2], c[3]) then
+			reconf = true
+		end
+		advance(now)
+		if not short and pcmp(tok, n) < 0 then
+			short = i
+		end
+		out[i] = { tok, rem, sp, sq, sb }
+	end
+	-- Taken from all, or from none; then the report.
+	local code, index, fewest, act, full = short and 0 or 1, short, nil, clock, clock
+	for i = 1, count do
+		local o = out[i]
+		tok, rem, sp, sq, sb = o[1], o[2], o[3], o[4], o[5]
+		if not short then
+			tok = psub(tok, n)
+			o[1] = tok
+			if not fewest or pcmp(tok, fewest) < 0 then
+				index, fewest = i, tok
+			end
+		elseif act and pcmp(tok, n) < 0 then
+			-- nil: never, the latest of all
+			local t = covered(psub(n, tok))
+			if not t or tcmp(t, act) > 0 then
+				act = t
+			end
+		end
+		if full and pcmp(tok, sb) < 0 then
+			local t = covered(psub(sb, tok))
+			if not t or tcmp(t, full) > 0 then
+				full = t
+			end
+		end
+	end
+	-- A refusal on the server's clock with the stored configuration writes
+	-- nothing, as the single allow's: every limit's production from the
+	-- stored clock on is what it would be from this one.
+	if not short or not tm or reconf then
+		local parts = { "tbs1", tshow(clock) }
+		for i = 1, count do
+			local o = out[i]
+			parts[#parts + 1] = table.concat({ pstr(o[1]), pstr(o[2]), pstr(o[3]), pstr(o[4]), pstr(o[5]) }, " ")
+		end
+		local value = table.concat(parts, " ")
+		local ms = full and tm and pdivceil(tdiff(full, clock), 1000000)
+		if not ms or type(ms) ~= "number" or ms > 70368744177664 then
+			redis.call("SET", key, value)
+		else
+			redis.call("SET", key, value, "PX", format("%.0f", ms + 1000))
+		end
+	end
+	return { code, index - 1, tshow(clock), pstr(out[index][1]), act and tshow(act) or NEVER,
+		full and tshow(full) or NEVER }
+end
+if several then
+	return allow_all()
+end
+
+-- The configuration: p tokens per q ns (p 0: rate 0, kept as 0 per 1).
+local p, q = unsigned(ARGV[3], U64MAX), unsigned(ARGV[4], Q_MAX)
+if p == nil or q == nil or (p ~= 0 and q == 0) then
+	return bad("rate")
+end
+if p == 0 then
+	q = 1
+end
+local burst = unsigned(ARGV[5], T62)
+local n = unsigned(ARGV[6], U64MAX)
+if burst == nil or n == nil then
+	return bad("burst or n")
+end
+-- reserve: max_wait; cancel: time_to_act.  Both int64.
+local arg
+if op == "reserve" or op == "cancel" then
+	arg = readint(ARGV[7])
+	if arg == nil then
+		return bad(op == "reserve" and "max_wait" or "time_to_act")
+	end
+end
+if op == "reset" and pcmp(n, burst) > 0 then
+	return bad("reset level")
+end
+
+-- The stored state: "tb1 clock level rem p q burst", decimal, level negative
+-- in debt.  Kept as tok (whole tokens) and debt, one of them 0.  A value
+-- that is not exactly that, or breaks an invariant, is refused, never
+-- repaired.
+if stored then
+	local c, neg, l, r, a, b, u = string.match(stored,
+		"^tb1 (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+) (%d+)$")
+	if c then
+		clock = readint(c)
+		rem, sp, sq, sb = unsigned(r, U64MAX), unsigned(a, U64MAX), unsigned(b, Q_MAX), unsigned(u, T62)
+		if neg == "-" then
+			tok, debt = 0, unsigned(l, DEBT_MAX)
+		else
+			tok, debt = unsigned(l, T62), 0
+		end
+	end
+	if not (clock and tok and debt and rem and sp and sq and sb) or tcmp(clock, TMIN) == 0
+		or tcmp(clock, TMAX) == 0 or sq == 0 or (sp == 0 and sq ~= 1)
+		or pcmp(rem, sq) >= 0 or pcmp(tok, sb) > 0 then
+		return redis.error_reply("TBCORRUPT the value at this key is not a token bucket")
+	end
+else
+	-- A new bucket is full and sees its first time now.
+	clock, tok, debt, rem, sp, sq, sb = now, burst, 0, 0, p, q, burst
+end
+
+-- A call whose configuration differs reconfigures the bucket at now.
+local reconf = reconfigure(p, q, burst)
+local changed = reconf
 local code, act, enough = 1, nil, nil
 if op == "allow" or op == "reserve" then
 	if pcmp(n, sb) > 0 then

@@ -46,6 +46,8 @@ int redis_run(Suite *const *suites, bool available, const char *missing);
  * the number of steps checked.
  */
 int redis_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index);
+/* The same for allow_all, on "set:<seed>:<index>", each result the local set's. */
+int redis_set_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index);
 
 Suite *redis_diff_suite(void);
 Suite *redis_faults_suite(void);

@@ -11,7 +11,9 @@
 # reply (8th argument "1"), which must store the same and say the same;
 # with LIBRARY (the function library the build writes) every step also
 # runs on its function and on the script, moved to the server's clock,
-# and both must reply and store the same.
+# and both must reply and store the same.  Then
+# TOKENBUCKET_LUA_SET_SEQUENCES (default 2000) sequences of allow_all, keys
+# of 1 to 4 limits, against local sets (driver-set.lua).
 set -eu
 gen=$1
 script=$2
@@ -33,4 +35,6 @@ wait $first || status=1
 # Then hand-made steps the generator never writes: numbers with leading
 # zeros, rate 0 per a period other than 1, times below 1 s, the server's clock.
 lua5.1 "$driver" "$script" --general "$@" < "$(dirname "$0")/noncanonical.steps" || status=1
+"$gen" set 3 "${TOKENBUCKET_LUA_SET_SEQUENCES:-2000}" 20 |
+	lua5.1 "$(dirname "$0")/driver-set.lua" "$script" "$@" || status=1
 exit $status

@@ -274,3 +274,132 @@ bool seq_next(struct seq *s, struct seq_step *st, struct seq_expect *ex)
 	}
 	return true;
 }
+
+/* ---- Several limits in one key ------------------------------------------- */
+
+static size_t set_max;
+
+int seq_set_start(struct seq_set *s, uint64_t seed, int steps, size_t max_count)
+{
+	memset(s, 0, sizeof(*s));
+	seq_start(&s->base, seed, steps);
+	set_max = max_count < 1 ? 1 : max_count > TOKENBUCKET_SET_MAX ? TOKENBUCKET_SET_MAX : max_count;
+	s->count = 1 + below(&s->base, set_max);
+	for (size_t i = 0; i < s->count; i++)
+		s->lim[i] = random_limit(&s->base);
+	return 0;
+}
+
+void seq_set_end(struct seq_set *s)
+{
+	for (size_t i = 0; i < TOKENBUCKET_SET_MAX; i++) {
+		tokenbucket_free(s->tb[i]);
+		s->tb[i] = NULL;
+	}
+}
+
+/*
+ * The local buckets as the call's limits leave them, as the script does: a
+ * key never written is new; a limit past those stored is new and full; a
+ * stored one whose configuration differs is reconfigured at now.
+ */
+static int set_configure(struct seq_set *s, int64_t now)
+{
+	for (size_t i = 0; i < s->count; i++) {
+		struct seq one = { .tb = s->tb[i], .made = s->made[i], .lim = s->lim[i],
+				   .seen = s->base.seen && i < s->have };
+		int err = configure(&one, now);
+		s->tb[i] = one.tb;
+		s->made[i] = one.made;
+		if (err != 0)
+			return err;
+		/* A limit added to a stored key starts full at the key's clock. */
+		if (!one.seen && s->base.seen)
+			(void)tokenbucket_tokens_at(s->tb[i], s->clock);
+	}
+	/* The key keeps no limit past count. */
+	for (size_t i = s->count; i < TOKENBUCKET_SET_MAX; i++) {
+		tokenbucket_free(s->tb[i]);
+		s->tb[i] = NULL;
+	}
+	return 0;
+}
+
+bool seq_set_next(struct seq_set *s, struct seq_set_step *st, struct seq_set_expect *ex)
+{
+	struct seq *b = &s->base;
+	if (b->left-- <= 0)
+		return false;
+	uint64_t k = below(b, 100);
+	if (k < 4) {
+		s->count = 1 + below(b, set_max);
+		for (size_t i = 0; i < s->count; i++)
+			if (s->lim[i].burst == 0 && s->lim[i].tokens == 0 && s->lim[i].period_ns == 0)
+				s->lim[i] = random_limit(b);
+	} else if (k < 10) {
+		s->lim[below(b, s->count)] = random_limit(b);
+	}
+	for (size_t i = s->count; i < TOKENBUCKET_SET_MAX; i++)
+		memset(&s->lim[i], 0, sizeof(s->lim[i]));
+	b->lim = s->lim[0];
+	int64_t now = next_time(b);
+	if (now > b->t)
+		b->t = now;
+	memset(st, 0, sizeof(*st));
+	memset(ex, 0, sizeof(*ex));
+	st->now = now;
+	st->count = s->count;
+	memcpy(st->lim, s->lim, sizeof(st->lim));
+	/* n against the smallest burst, so that most calls can be taken. */
+	uint64_t least = s->lim[0].burst;
+	for (size_t i = 1; i < s->count; i++)
+		if (s->lim[i].burst < least)
+			least = s->lim[i].burst;
+	b->lim.burst = least;
+	st->n = random_n(b);
+	b->lim = s->lim[0];
+	for (size_t i = 0; i < s->count; i++) {
+		if (st->n > s->lim[i].burst) {
+			/* Refused before anything is read or written. */
+			ex->err = -E2BIG;
+			return true;
+		}
+	}
+	if (set_configure(s, now) != 0) {
+		ex->err = -EFAULT;
+		return true;
+	}
+	s->have = s->count;
+	if (!b->seen || now > s->clock)
+		s->clock = now;
+	b->seen = true;
+	/*
+	 * Every limit of a key sees every call's time (one clock); locally a
+	 * refused set leaves the buckets after the one short unexamined, on
+	 * clocks of their own, from which their durations would be counted.
+	 */
+	for (size_t i = 0; i < s->count; i++)
+		(void)tokenbucket_tokens_at(s->tb[i], now);
+	int err = tokenbucket_allow_all_at(s->tb, s->count, now, st->n, &ex->res);
+	if (err != 0) {
+		ex->err = -EFAULT;
+		return true;
+	}
+	if (!ex->res.allowed) {
+		/* The script reports the lowest limit short of n; the local call may name another. */
+		for (size_t i = 0; i < s->count; i++) {
+			struct tokenbucket_result one;
+			if (tokenbucket_allow_result_at(s->tb[i], now, 0, &one) != 0) {
+				ex->err = -EFAULT;
+				return true;
+			}
+			if (one.remaining < st->n) {
+				ex->res.index = i;
+				ex->res.limit = one.limit;
+				ex->res.remaining = one.remaining;
+				break;
+			}
+		}
+	}
+	return true;
+}

@@ -53,4 +53,38 @@ int seq_start(struct seq *s, uint64_t seed, int steps);
 bool seq_next(struct seq *s, struct seq_step *st, struct seq_expect *ex);
 void seq_end(struct seq *s);
 
+/*
+ * Sequences of allow_all on one key holding several limits
+ * (tokenbucket_redis_allow_all_at), against local buckets taken as a set
+ * (tokenbucket_allow_all_at).  Now and then a limit's configuration
+ * changes, and so does the number of limits.
+ */
+struct seq_set_step {
+	int64_t now;
+	size_t count;
+	struct tokenbucket_redis_limit lim[TOKENBUCKET_SET_MAX];
+	uint64_t n;
+};
+
+/* What the local buckets answered, index as the script reports it (the lowest limit short). */
+struct seq_set_expect {
+	int err; /* 0 or -E2BIG */
+	struct tokenbucket_set_result res;
+};
+
+struct seq_set {
+	struct seq base; /* its rng, time and lim (the first limit) drive the steps */
+	size_t count;
+	struct tokenbucket_redis_limit lim[TOKENBUCKET_SET_MAX];
+	struct tokenbucket_redis_limit made[TOKENBUCKET_SET_MAX];
+	struct tokenbucket *tb[TOKENBUCKET_SET_MAX];
+	size_t have;   /* limits the key holds */
+	int64_t clock; /* the key's clock */
+};
+
+int seq_set_start(struct seq_set *s, uint64_t seed, int steps, size_t max_count);
+/* The next step and the local answer; false when the sequence is over.  ex->err -EFAULT: the local library refused. */
+bool seq_set_next(struct seq_set *s, struct seq_set_step *st, struct seq_set_expect *ex);
+void seq_set_end(struct seq_set *s);
+
 #endif

@@ -12,6 +12,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -491,12 +492,242 @@ START_TEST(test_tokens_bit_for_bit)
 }
 END_TEST
 
+/* The value at key on the test's server (NULL: none), as a string to free. */
+static char *value_of(redisContext *x, const char *key)
+{
+	redisReply *r = redisCommand(x, "GET %s", key);
+	ck_assert_ptr_nonnull(r);
+	char *v = r->type == REDIS_REPLY_STRING ? strdup(r->str) : NULL;
+	freeReplyObject(r);
+	return v;
+}
+
+static long long pttl_of(redisContext *x, const char *key)
+{
+	redisReply *r = redisCommand(x, "PTTL %s", key);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_INTEGER);
+	long long v = r->integer;
+	freeReplyObject(r);
+	return v;
+}
+
+/* "10 a second and 3 an hour" in one key: all or nothing, the report, time and kinds. */
+START_TEST(test_allow_all)
+{
+	const struct tokenbucket_redis_limit two[3] = {
+		{ .tokens = 1, .period_ns = 100 * MS, .burst = 5 },
+		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 },
+		{ .tokens = 1, .period_ns = 1 * SEC, .burst = 2 },
+	};
+	redisContext *x = server_admin(&srv);
+	ck_assert_ptr_nonnull(x);
+	const int64_t t0 = 1000 * SEC;
+	struct tokenbucket_set_result res;
+	/* Taken from both: the hour's limit is the one closest to refusing. */
+	for (uint64_t i = 0; i < 3; i++) {
+		ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("a"), two, 2, t0, 1, &res), 0);
+		ck_assert(res.allowed);
+		ck_assert_uint_eq(res.index, 1);
+		ck_assert_uint_eq(res.limit, 3);
+		ck_assert_uint_eq(res.remaining, 2 - i);
+		ck_assert_int_eq(res.retry_after_ns, 0);
+		ck_assert_int_eq(res.reset_after_ns, (int64_t)(i + 1) * 3600 * SEC);
+		ck_assert_uint_eq(res.flags, 0);
+	}
+	char *v = value_of(x, "a");
+	ck_assert_str_eq(v, "tbs1 1000000000000 2 0 1 100000000 5 0 0 1 3600000000000 3");
+	free(v);
+	/* The hour refuses: nothing taken from the second's limit either. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("a"), two, 2, t0, 1, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert_uint_eq(res.remaining, 0);
+	ck_assert_int_eq(res.retry_after_ns, 3600 * SEC);
+	v = value_of(x, "a");
+	ck_assert_str_eq(v, "tbs1 1000000000000 2 0 1 100000000 5 0 0 1 3600000000000 3");
+	free(v);
+	/* Both short: the lowest is reported, the wait is the latest. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("a"), two, 2, t0 + 50 * MS, 3, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.index, 0);
+	ck_assert_uint_eq(res.remaining, 2);
+	ck_assert_int_eq(res.retry_after_ns, 3 * 3600 * SEC - 50 * MS);
+	ck_assert_int_eq(res.reset_after_ns, 3 * 3600 * SEC - 50 * MS);
+	/* Time never runs backwards: an earlier now is the key's clock. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("a"), two, 2, t0 - SEC, 1, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_int_eq(res.retry_after_ns, 3600 * SEC - 50 * MS);
+	/* An hour on, one more; the caller's time sets no expiry. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("a"), two, 2, t0 + 3600 * SEC, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_int_eq(pttl_of(x, "a"), -1);
+	/* A third limit joins full; fewer limits drop the rest. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("a"), two, 3, t0 + 7200 * SEC, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert_uint_eq(res.remaining, 0);
+	v = value_of(x, "a");
+	ck_assert_str_eq(v, "tbs1 8200000000000 4 0 1 100000000 5 0 0 1 3600000000000 3 1 0 1 1000000000 2");
+	free(v);
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("a"), two, 1, t0 + 7200 * SEC, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.remaining, 3);
+	v = value_of(x, "a");
+	ck_assert_str_eq(v, "tbs1 8200000000000 3 0 1 100000000 5");
+	free(v);
+
+	/* The server's clock: the key expires a second after every limit is full. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("s"), two, 3, 2, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.index, 2);
+	ck_assert_uint_eq(res.remaining, 0);
+	ck_assert_int_eq(res.reset_after_ns, 2 * 3600 * SEC);
+	long long ms = pttl_of(x, "s");
+	ck_assert(ms > 2 * 3600 * 1000 + 900 && ms <= 2 * 3600 * 1000 + 1000);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("s"), two, 3, 2, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert(res.retry_after_ns > 3600 * SEC - 60 * SEC && res.retry_after_ns <= 3600 * SEC);
+	/* The script's text again after SCRIPT FLUSH (NOSCRIPT), as every call. */
+	freeReplyObject(redisCommand(x, "SCRIPT FLUSH"));
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("s"), two, 2, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.index, 1);
+
+	/* A key holds one kind: each refuses the other's value, which stays. */
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("one"), &two[0], t0, 1, NULL), 0);
+	char *before = value_of(x, "one");
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("one"), two, 2, t0, 1, &res), -EBADMSG);
+	v = value_of(x, "one");
+	ck_assert_str_eq(v, before);
+	free(v);
+	free(before);
+	before = value_of(x, "a");
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("a"), &two[0], t0, 1, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("a"), &two[0], t0, 1, 0, &(struct tokenbucket_reservation){ 0 }, NULL), -EBADMSG);
+	double tokens;
+	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("a"), &two[0], t0, &tokens, NULL), -EBADMSG);
+	/* Hostile values: refused, unchanged. */
+	static const char *const hostile[] = { "tbs1 5 6 0 1 1 3", "tbs1 5 1 0 1 1", "tbs1 x",
+					       "tbs1 5 1 0 1 1 3 ", "tbs1 5 -1 0 1 1 3" };
+	for (size_t i = 0; i < sizeof(hostile) / sizeof(hostile[0]); i++) {
+		freeReplyObject(redisCommand(x, "SET h %s", hostile[i]));
+		memset(&res, 0x5a, sizeof(res));
+		struct tokenbucket_set_result same = res;
+		ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("h"), two, 2, 1, &res), -EBADMSG);
+		ck_assert(memcmp(&res, &same, sizeof(res)) == 0);
+		v = value_of(x, "h");
+		ck_assert_str_eq(v, hostile[i]);
+		free(v);
+	}
+	v = value_of(x, "a");
+	ck_assert_str_eq(v, before);
+	free(v);
+	free(before);
+	freeReplyObject(redisCommand(x, "RPUSH l a"));
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("l"), two, 2, 1, &res), -EPROTOTYPE);
+
+	/* Bad calls change nothing, *res untouched. */
+	memset(&res, 0x5a, sizeof(res));
+	struct tokenbucket_set_result same = res;
+	struct tokenbucket_redis_limit bad[TOKENBUCKET_SET_MAX + 1];
+	for (size_t i = 0; i <= TOKENBUCKET_SET_MAX; i++)
+		bad[i] = two[0];
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), two, 2, 4, &res), -E2BIG);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(NULL, KEY("e"), two, 2, 1, &res), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, NULL, 3, two, 2, 1, &res), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), NULL, 2, 1, &res), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), two, 0, 1, &res), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), bad, TOKENBUCKET_SET_MAX + 1, 1, &res), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), two, 2, 1, NULL), -EINVAL);
+	bad[1].period_ns = 0;
+	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), bad, 2, 1, &res), -EINVAL);
+	bad[1].period_ns = 1;
+	bad[1].burst = TOKENBUCKET_BURST_MAX + 1;
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("e"), bad, 2, t0, 1, &res), -ERANGE);
+	ck_assert(memcmp(&res, &same, sizeof(res)) == 0);
+	redisReply *r = redisCommand(x, "EXISTS e");
+	ck_assert_int_eq(r->integer, 0);
+	freeReplyObject(r);
+	/* Sixteen limits at once. */
+	bad[1] = two[1];
+	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("16"), bad, TOKENBUCKET_SET_MAX, t0, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.index, 1);
+	/* The reply form, as allow's ARGV[8]: "1" integers (from the common case), "0" decimals. */
+	const char *form[] = { "EVAL", tokenbucket_redis_script(NULL), "1", "f", "allow_all", "", "1",
+			       "1", "1000", "5", "1", "1000000", "9", "1" };
+	r = redisCommandArgv(x, 14, form, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 5);
+	ck_assert(r->element[0]->integer == 1 && r->element[1]->integer == 0 && r->element[2]->integer == 4);
+	ck_assert_int_eq(r->element[3]->integer, 0);
+	ck_assert_int_eq(r->element[4]->integer, 1000000); /* the latest: the second limit */
+	freeReplyObject(r);
+	form[13] = "0";
+	r = redisCommandArgv(x, 14, form, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY && r->elements == 6);
+	freeReplyObject(r);
+	form[13] = "2";
+	r = redisCommandArgv(x, 14, form, NULL);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
+	ck_assert_str_eq(r->str, "ERR tokenbucket: bad reply form");
+	freeReplyObject(r);
+	/* The public codec takes no allow_all: it is no op of struct tokenbucket_redis_call. */
+	struct tokenbucket_redis_call call = { .op = (enum tokenbucket_redis_op)64, .key = "k",
+					       .keylen = 1, .limit = two[0] };
+	char *cmd;
+	size_t len, used;
+	ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, "*0\r\n", 4, &used, NULL, NULL, NULL), -EINVAL);
+	redisFree(x);
+}
+END_TEST
+
+/* Redis unreachable: the local fallback decides allow_all, a bucket per limit. */
+START_TEST(test_allow_all_fallback)
+{
+	const struct tokenbucket_redis_limit two[2] = {
+		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 4 },
+		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 2 },
+	};
+	struct tokenbucket_redis *r;
+	/* Port 1: nothing listens there. */
+	ck_assert_int_eq(tokenbucket_redis_open(&r, "redis://127.0.0.1:1", 200 * MS, 200 * MS), 0);
+	struct tokenbucket_set_result res;
+	int err = tokenbucket_redis_allow_all(r, KEY("fb"), two, 2, 1, &res);
+	ck_assert_msg(err < 0 && err != -EINVAL, "no fallback yet: %d", err);
+	ck_assert_int_eq(tokenbucket_redis_set_fallback(r, 0.5), 0);
+	/* Half of each burst: 2 and 1. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb"), two, 2, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.flags, TOKENBUCKET_RESULT_LOCAL);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert_uint_eq(res.remaining, 0);
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb"), two, 2, 1, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.flags, TOKENBUCKET_RESULT_LOCAL);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert(res.retry_after_ns > 3600 * SEC);
+	/* Nothing was taken from the first limit by the refusal. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb"), two, 1, 1, &res), 0);
+	ck_assert(res.allowed);
+	ck_assert_uint_eq(res.remaining, 0);
+	/* n above a local share of a burst: refused, never. */
+	ck_assert_int_eq(tokenbucket_redis_allow_all(r, KEY("fb2"), two, 2, 2, &res), 0);
+	ck_assert(!res.allowed);
+	ck_assert_uint_eq(res.index, 1);
+	ck_assert_int_eq(res.retry_after_ns, TOKENBUCKET_NEVER);
+	tokenbucket_redis_close(r);
+}
+END_TEST
+
 Suite *redis_api_suite(void)
 {
 	Suite *s = suite_create("redis-api");
 	redis_tcase(s, "api", redis_setup, 30,
 		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_format_bytes, test_prefix_tcp_and_db, test_threads_share_a_client,
 					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection,
-					    test_fork_while_pipelined, NULL });
+					    test_fork_while_pipelined, test_allow_all,
+					    test_allow_all_fallback, NULL });
 	return s;
 }

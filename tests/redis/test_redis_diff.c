@@ -182,6 +182,55 @@ START_TEST(test_differential)
 }
 END_TEST
 
+/* A sequence of allow_all through client c, each result equal to the local set's. */
+int redis_set_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, long index)
+{
+	struct seq_set s;
+	struct seq_set_step st;
+	struct seq_set_expect ex;
+	char key[48];
+	snprintf(key, sizeof(key), "set:%" PRIx64 ":%ld", seed, index);
+	ck_assert_int_eq(seq_set_start(&s, seed, steps, 4), 0);
+	int done = 0;
+	while (seq_set_next(&s, &st, &ex)) {
+		ck_assert_msg(ex.err != -EFAULT, "the local library refused a step");
+		struct tokenbucket_set_result res;
+		memset(&res, 0xa5, sizeof(res));
+		int err = tokenbucket_redis_allow_all_at(c, KEY(key), st.lim, st.count, st.now, st.n,
+							 &res);
+		ck_assert_msg(err == ex.err, "%s step %d: allow_all %d, local %d", key, done, err,
+			      ex.err);
+		if (err == 0) {
+			const struct tokenbucket_set_result *w = &ex.res;
+			ck_assert_msg(res.allowed == w->allowed && res.index == w->index &&
+					      res.limit == w->limit && res.remaining == w->remaining &&
+					      res.retry_after_ns == w->retry_after_ns &&
+					      res.reset_after_ns == w->reset_after_ns && res.flags == 0,
+				      "%s step %d: allowed %d index %zu limit %" PRIu64 " remaining %" PRIu64
+				      " retry %" PRId64 " reset %" PRId64 ", local %d %zu %" PRIu64
+				      " %" PRIu64 " %" PRId64 " %" PRId64,
+				      key, done, res.allowed, res.index, res.limit, res.remaining,
+				      res.retry_after_ns, res.reset_after_ns, w->allowed, w->index,
+				      w->limit, w->remaining, w->retry_after_ns, w->reset_after_ns);
+		}
+		done++;
+	}
+	seq_set_end(&s);
+	return done;
+}
+
+START_TEST(test_set_differential)
+{
+	/* A tenth of the single-limit sequences: each step carries up to 4 limits. */
+	long count = redis_sequences(10000) / 10;
+	long steps = 0;
+	for (long i = 0; i < count; i++)
+		steps += redis_set_sequence(cli, 0x5e75e7u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
+	printf("redis differential of allow_all: %ld steps in %ld sequences, every result the "
+	       "local set's\n", steps, count);
+}
+END_TEST
+
 /*
  * The compact reply on the server's clock, where two keys cannot be asked
  * at one time: the results are the bucket's, a refusal writes nothing, and
@@ -266,6 +315,7 @@ Suite *redis_diff_suite(void)
 {
 	Suite *s = suite_create("redis-diff");
 	redis_tcase(s, "differential", redis_setup, 240,
-		    (const TTest *const[]){ test_differential, test_compact_server_clock, NULL });
+		    (const TTest *const[]){ test_differential, test_compact_server_clock,
+					    test_set_differential, NULL });
 	return s;
 }

@@ -204,6 +204,195 @@ START_TEST(test_module_differential)
 }
 END_TEST
 
+/* allow_all on key through the script or the module: "allow_all" now n, then count limits' triples. */
+static redisReply *call_all(redisContext *c, bool module, const char *key, const char *now,
+			    const char *n, size_t count, const char (*lim)[3][24])
+{
+	const char *argv[8 + 3 * TOKENBUCKET_SET_MAX];
+	int k = 0;
+	if (module) {
+		argv[k++] = "TOKENBUCKET.CALL";
+	} else {
+		argv[k++] = "EVAL";
+		argv[k++] = tokenbucket_redis_script(NULL);
+		argv[k++] = "1";
+	}
+	argv[k++] = key;
+	argv[k++] = "allow_all";
+	argv[k++] = now;
+	argv[k++] = n;
+	for (size_t i = 0; i < count; i++)
+		for (int j = 0; j < 3; j++)
+			argv[k++] = lim[i][j];
+	redisReply *r = redisCommandArgv(c, k, argv, NULL);
+	ck_assert_ptr_nonnull(r);
+	return r;
+}
+
+/* A set sequence: the script on S:, the module on M:, both by turns on X:;
+ * replies equal, values equal, and what they decide the local sets'. */
+static int module_set_sequence(redisContext *c, uint64_t seed, int steps, long index)
+{
+	char ks[48], km[48], kx[48];
+	snprintf(ks, sizeof(ks), "S:%ld", index);
+	snprintf(km, sizeof(km), "M:%ld", index);
+	snprintf(kx, sizeof(kx), "X:%ld", index);
+	struct seq_set s;
+	struct seq_set_step st;
+	struct seq_set_expect ex;
+	ck_assert_int_eq(seq_set_start(&s, seed, steps, 4), 0);
+	uint64_t turn = seed;
+	int done = 0;
+	while (seq_set_next(&s, &st, &ex)) {
+		ck_assert(ex.err != -EFAULT);
+		char now[24], n[24], lim[TOKENBUCKET_SET_MAX][3][24];
+		snprintf(now, sizeof(now), "%" PRId64, st.now);
+		snprintf(n, sizeof(n), "%" PRIu64, st.n);
+		for (size_t i = 0; i < st.count; i++) {
+			snprintf(lim[i][0], 24, "%" PRIu64, st.lim[i].tokens);
+			snprintf(lim[i][1], 24, "%" PRId64, st.lim[i].tokens ? st.lim[i].period_ns : 1);
+			snprintf(lim[i][2], 24, "%" PRIu64, st.lim[i].burst);
+		}
+		redisReply *rs = call_all(c, false, ks, now, n, st.count, lim);
+		redisReply *rm = call_all(c, true, km, now, n, st.count, lim);
+		redisReply *rx = call_all(c, seq_rand(&turn) & 1, kx, now, n, st.count, lim);
+		ck_assert_msg(same_reply(rs, rm), "%s step %d: the module's reply differs", km, done);
+		ck_assert_msg(same_reply(rs, rx), "%s step %d: by turns, the reply differs", kx, done);
+		ck_assert(rm->type == REDIS_REPLY_ARRAY && rm->elements == 6);
+		long long code = rm->element[0]->integer;
+		if (ex.err == -E2BIG) {
+			ck_assert_int_eq(code, 2);
+		} else {
+			ck_assert_msg(code == ex.res.allowed &&
+					      rm->element[1]->integer == (long long)ex.res.index &&
+					      strtoull(rm->element[3]->str, NULL, 10) == ex.res.remaining,
+				      "%s step %d: code %lld index %lld level %s, local %d %zu %" PRIu64,
+				      km, done, code, rm->element[1]->integer, rm->element[3]->str,
+				      ex.res.allowed, ex.res.index, ex.res.remaining);
+		}
+		freeReplyObject(rs);
+		freeReplyObject(rm);
+		freeReplyObject(rx);
+		assert_same_value(c, ks, km);
+		assert_same_value(c, ks, kx);
+		ck_assert_int_le(integer(c, "PTTL %s", km), -1);
+		done++;
+	}
+	seq_set_end(&s);
+	return done;
+}
+
+START_TEST(test_module_set_differential)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	long count = redis_sequences(10000) / 10;
+	long steps = 0;
+	for (long i = 0; i < count; i++)
+		steps += module_set_sequence(c, 0x5e7d0d01u + (uint64_t)i * 0x9e3779b97f4a7c15u, 16, i);
+	printf("redis module differential of allow_all: %ld steps in %ld sequences, module = "
+	       "script = local sets\n", steps, count);
+	redisFree(c);
+}
+END_TEST
+
+/* Hostile values at a key of several limits: refused alike, unchanged. */
+START_TEST(test_module_set_hostile)
+{
+	static const char *const fixed[] = {
+		"tbs1", "tbs1 ", "tbs1 5", "tbs1 5 1 0 1 1", "tbs1 5 1 0 1 1 3 4",
+		"tbs1 5 4 0 1 1 3", "tbs1 5 1 1 1 1 3", "tbs1 5 1 0 1 0 3", "tbs1 5 1 0 0 2 3",
+		"tbs1 5 -1 0 1 1 3", "tbs1 -9223372036854775808 1 0 1 1 3",
+		"tbs1 9223372036854775807 1 0 1 1 3", "tbs1 5 1 0 1 1 3 ", "tbs1  5 1 0 1 1 3",
+		"tbs1 5 1 0 1 1 4611686018427387905", "tb1 5 1 0 1 1 3", "tbs2 5 1 0 1 1 3",
+		"tbs1 5 1 0 1 1 3\n",
+	};
+	static const char alphabet[] = "tbs1 -0123456789 9 x";
+	const char lim[2][3][24] = { { "1", "1", "3" }, { "1", "1000", "3" } };
+	redisContext *c = server_admin(&srv);
+	uint64_t rng = 0x5e7u;
+	long refused = 0, taken = 0;
+	for (int i = 0; i < 3000; i++) {
+		char v[160];
+		size_t len;
+		if (i < (int)(sizeof(fixed) / sizeof(fixed[0]))) {
+			len = strlen(fixed[i]);
+			memcpy(v, fixed[i], len);
+		} else if (i % 2 == 0) {
+			/* 1 + 5k small fields, k 1 to 3. */
+			static const char *const f[] = { "0", "1", "2", "3", "-0", "-1", "007", "4", "1000" };
+			size_t nf = sizeof(f) / sizeof(f[0]);
+			len = (size_t)snprintf(v, sizeof(v), "tbs1 %s", f[seq_rand(&rng) % nf]);
+			for (uint64_t k = 5 * (1 + seq_rand(&rng) % 3); k > 0; k--)
+				len += (size_t)snprintf(v + len, sizeof(v) - len, " %s",
+							f[seq_rand(&rng) % nf]);
+		} else {
+			memcpy(v, "tbs1 ", 5);
+			len = 5 + seq_rand(&rng) % 60;
+			for (size_t j = 5; j < len; j++) {
+				uint64_t x = seq_rand(&rng);
+				v[j] = x % 50 == 0 ? (char)(x >> 8) : alphabet[x % (sizeof(alphabet) - 1)];
+			}
+		}
+		for (int m = 0; m < 2; m++)
+			freeReplyObject(redisCommand(c, "SET %s %b", m ? "hm" : "hs", v, len));
+		size_t count = 1 + (size_t)(i % 2);
+		redisReply *rs = call_all(c, false, "hs", "1000", "1", count, lim);
+		redisReply *rm = call_all(c, true, "hm", "1000", "1", count, lim);
+		ck_assert_msg(same_reply(rs, rm), "value %d (%.*s): the module's reply differs", i,
+			      (int)len, v);
+		if (rm->type == REDIS_REPLY_ERROR) {
+			ck_assert_str_eq(rm->str,
+					 "TBCORRUPT the value at this key is not a set of token buckets");
+			size_t l;
+			char *after = get(c, "hm", &l);
+			ck_assert(after != NULL && l == len && memcmp(after, v, len) == 0);
+			free(after);
+			refused++;
+		} else {
+			taken++;
+		}
+		freeReplyObject(rs);
+		freeReplyObject(rm);
+		assert_same_value(c, "hs", "hm");
+	}
+	ck_assert_int_gt(refused, 1000);
+	ck_assert_int_gt(taken, 10);
+	printf("redis module hostile values of sets: %ld refused unchanged, %ld read as sets, alike\n",
+	       refused, taken);
+	/* Argument counts and bad numbers: the script's errors, word for word. */
+	static const char *const bad[][9] = {
+		{ "allow_all", "", "1", NULL },
+		{ "allow_all", "", "1", "1", "1", NULL },
+		{ "allow_all", "", "1", "1", "1", "3", "1", "1", NULL },
+		{ "allow_all", "x", "1", "1", "1", "3", NULL },
+		{ "allow_all", "", "-1", "1", "1", "3", NULL },
+		{ "allow_all", "", "1", "1", "0", "3", NULL },
+		{ "allow_all", "", "1", "1", "1", "4611686018427387905", NULL },
+		{ "allow_all", "", "1", "1", "1", "3", "1", "1", "x" },
+	};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		const char *argv[2][16];
+		int k[2] = { 0, 0 };
+		argv[0][k[0]++] = "EVAL", argv[0][k[0]++] = tokenbucket_redis_script(NULL);
+		argv[0][k[0]++] = "1", argv[0][k[0]++] = "b";
+		argv[1][k[1]++] = "TOKENBUCKET.CALL", argv[1][k[1]++] = "b";
+		for (int j = 0; j < 9 && bad[i][j]; j++)
+			for (int m = 0; m < 2; m++)
+				argv[m][k[m]++] = bad[i][j];
+		redisReply *a = redisCommandArgv(c, k[0], argv[0], NULL);
+		redisReply *b = redisCommandArgv(c, k[1], argv[1], NULL);
+		ck_assert(a != NULL && b != NULL && a->type == REDIS_REPLY_ERROR);
+		ck_assert_msg(same_reply(a, b), "bad arguments %zu: script %s, module %s", i, a->str,
+			      b->str);
+		freeReplyObject(a);
+		freeReplyObject(b);
+	}
+	ck_assert_int_eq(integer(c, "EXISTS %s", "b"), 0);
+	redisFree(c);
+}
+END_TEST
+
 START_TEST(test_module_version)
 {
 	redisContext *c = server_admin(&srv);
@@ -606,6 +795,8 @@ Suite *redis_module_suite(void)
 		    (const TTest *const[]){ test_module_version, test_module_differential,
 					    test_module_hostile, test_module_arguments,
 					    test_module_server_clock, test_module_replica,
-					    test_module_aof, test_module_detected, NULL });
+					    test_module_aof, test_module_detected,
+					    test_module_set_differential, test_module_set_hostile,
+					    NULL });
 	return s;
 }

@@ -197,6 +197,35 @@ static size_t put_level(char *d, const struct bucket *b)
 	return 1 + put_u64(d + 1, b->debt);
 }
 
+/* Another configuration: set_rate_every_at, then set_burst_at, at now;
+ * true if anything changed. */
+static bool reconfigure(struct bucket *b, int64_t now, uint64_t p, uint64_t q, uint64_t burst)
+{
+	bool reconf = false;
+	if ((u128)p * b->sq != (u128)b->sp * q) {
+		advance(b, now);
+		if (p != 0 && b->sp != 0) {
+			/* The old fraction carries, rounded down to a ns of the new
+			 * rate, no further back than INT64_MIN + 1; carry * p < q. */
+			u128 carry = (u128)b->rem * q / ((u128)b->sq * p);
+			uint64_t room = tdiff(b->clock, INT64_MIN + 1);
+			if (carry > room)
+				carry = room;
+			b->rem = (uint64_t)(carry * p);
+		} else {
+			b->rem = 0;
+		}
+		b->sp = p, b->sq = q, reconf = true;
+	}
+	if (burst != b->sb) {
+		advance(b, now);
+		b->sb = burst, reconf = true;
+		if (b->tok > b->sb)
+			b->tok = b->sb;
+	}
+	return reconf;
+}
+
 static bool eq(const struct tbm_str *s, const char *lit)
 {
 	size_t n = strlen(lit);
@@ -241,11 +270,37 @@ static void fail(struct tbm_out *o, const char *e)
 	o->error = e;
 }
 
+/* The expiry of a value written at the server's clock: a second after full. */
+static void expire_after(struct tbm_out *o, bool tm, int64_t full, int64_t clock)
+{
+	if (tm && full != NEVER) {
+		uint64_t w = tdiff(full, clock);
+		o->expire = true;
+		o->expire_ms = (int64_t)(w / 1000000 + (w % 1000000 != 0)) + 1000;
+	}
+}
+
+/* The call's time: the server's (now "") or the caller's, as the script reads it. */
+static bool read_now(const struct tbm_str *a, int64_t server_ns, int64_t *now)
+{
+	*now = server_ns;
+	if (a->n == 0)
+		return true;
+	if (!read_int(a->p, a->n, now))
+		return false;
+	/* INT64_MIN and INT64_MAX are no times: they read as their neighbours. */
+	if (*now == INT64_MIN)
+		(*now)++;
+	else if (*now == INT64_MAX)
+		(*now)--;
+	return true;
+}
+
 void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t server_ns,
 	      struct tbm_out *o)
 {
 	o->error = NULL;
-	o->write = o->expire = false;
+	o->write = o->expire = o->several = false;
 	enum { ALLOW, RESERVE, CANCEL, REFUND, TOKENS, RESET } op;
 	if (eq(&arg[0], "allow"))
 		op = ALLOW;
@@ -263,16 +318,9 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 		return fail(o, "ERR tokenbucket: bad op");
 
 	bool tm = arg[1].n == 0;
-	int64_t now = server_ns;
-	if (!tm) {
-		if (!read_int(arg[1].p, arg[1].n, &now))
-			return fail(o, "ERR tokenbucket: bad now");
-		/* INT64_MIN and INT64_MAX are no times: they read as their neighbours. */
-		if (now == INT64_MIN)
-			now++;
-		else if (now == INT64_MAX)
-			now--;
-	}
+	int64_t now;
+	if (!read_now(&arg[1], server_ns, &now))
+		return fail(o, "ERR tokenbucket: bad now");
 	uint64_t p, q, burst, n;
 	if (!read_uint(arg[2].p, arg[2].n, U64MAX, &p) || !read_uint(arg[3].p, arg[3].n, Q_MAX, &q)
 	    || (p != 0 && q == 0))
@@ -311,29 +359,7 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 		b = (struct bucket){ .clock = now, .tok = burst, .sp = p, .sq = q, .sb = burst };
 	}
 
-	bool changed = false, reconf = false;
-	/* Another configuration: set_rate_every_at, then set_burst_at, at now. */
-	if ((u128)p * b.sq != (u128)b.sp * q) {
-		advance(&b, now);
-		if (p != 0 && b.sp != 0) {
-			/* The old fraction carries, rounded down to a ns of the new
-			 * rate, no further back than INT64_MIN + 1; carry * p < q. */
-			u128 carry = (u128)b.rem * q / ((u128)b.sq * p);
-			uint64_t room = tdiff(b.clock, INT64_MIN + 1);
-			if (carry > room)
-				carry = room;
-			b.rem = (uint64_t)(carry * p);
-		} else {
-			b.rem = 0;
-		}
-		b.sp = p, b.sq = q, changed = reconf = true;
-	}
-	if (burst != b.sb) {
-		advance(&b, now);
-		b.sb = burst, changed = reconf = true;
-		if (b.tok > b.sb)
-			b.tok = b.sb;
-	}
+	bool reconf = reconfigure(&b, now, p, q, burst), changed = reconf;
 
 	long long code = 1;
 	int64_t act = NEVER;
@@ -415,17 +441,159 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 		}
 		o->value_len = (size_t)(d - o->value);
 		o->write = true;
-		if (tm && full != NEVER) {
-			uint64_t w = tdiff(full, b.clock);
-			o->expire = true;
-			o->expire_ms = (int64_t)(w / 1000000 + (w % 1000000 != 0)) + 1000;
-		}
+		expire_after(o, tm, full, b.clock);
 	}
 	o->code = code;
 	o->field_len[0] = put_i64(o->field[0], b.clock);
 	o->field_len[1] = put_level(o->field[1], &b);
 	o->field_len[2] = put_u64(o->field[2], b.rem);
 	o->field_len[3] = put_u64(o->field[3], b.sq);
+	o->field_len[4] = put_i64(o->field[4], act);
+	o->field_len[5] = put_i64(o->field[5], full);
+}
+
+/* Reads "tbs1 clock" and five fields per limit (the script's allow_all),
+ * into b[0..*m - 1]; false for anything else. */
+static bool read_set(const struct tbm_str *v, struct bucket b[TBM_SET_MAX], size_t *m)
+{
+	const char *p = v->p, *end = v->p + v->n;
+	if (v->n < 5 || memcmp(p, "tbs1 ", 5) != 0)
+		return false;
+	p += 5;
+	struct tbm_str f[1 + 5 * TBM_SET_MAX];
+	size_t k = 0;
+	for (;;) {
+		const char *start = p;
+		if (p < end && *p == '-')
+			p++;
+		const char *d = p;
+		while (p < end && is_digit(*p))
+			p++;
+		if (p == d || k == sizeof(f) / sizeof(f[0]))
+			return false;
+		f[k++] = (struct tbm_str){ start, (size_t)(p - start) };
+		if (p == end)
+			break;
+		if (*p != ' ')
+			return false;
+		p++;
+	}
+	int64_t clock;
+	if (k < 6 || (k - 1) % 5 != 0 || !read_int(f[0].p, f[0].n, &clock) || clock == INT64_MIN
+	    || clock == INT64_MAX)
+		return false;
+	*m = (k - 1) / 5;
+	for (size_t i = 0; i < *m; i++) {
+		const struct tbm_str *g = &f[1 + 5 * i];
+		struct bucket *x = &b[i];
+		x->clock = clock, x->debt = 0;
+		/* A '-' on a level reads as no number: sets hold no debt. */
+		if (!read_uint(g[0].p, g[0].n, T62, &x->tok) || !read_uint(g[1].p, g[1].n, U64MAX, &x->rem)
+		    || !read_uint(g[2].p, g[2].n, U64MAX, &x->sp)
+		    || !read_uint(g[3].p, g[3].n, Q_MAX, &x->sq)
+		    || !read_uint(g[4].p, g[4].n, T62, &x->sb) || x->sq == 0
+		    || (x->sp == 0 && x->sq != 1) || x->rem >= x->sq || x->tok > x->sb)
+			return false;
+	}
+	return true;
+}
+
+void tbm_call_all(const struct tbm_str *arg, size_t nargs, const struct tbm_str *stored,
+		  int64_t server_ns, struct tbm_out *o)
+{
+	o->error = NULL;
+	o->write = o->expire = false;
+	o->several = true;
+	size_t count = (nargs - 3) / 3;
+	if (nargs < 6 || nargs % 3 != 0 || count > TBM_SET_MAX)
+		return fail(o, "ERR tokenbucket: bad argument count");
+	bool tm = arg[1].n == 0;
+	int64_t now;
+	if (!read_now(&arg[1], server_ns, &now))
+		return fail(o, "ERR tokenbucket: bad now");
+	uint64_t n;
+	if (!read_uint(arg[2].p, arg[2].n, U64MAX, &n))
+		return fail(o, "ERR tokenbucket: bad n");
+	uint64_t cfg[TBM_SET_MAX][3];
+	for (size_t i = 0; i < count; i++) {
+		const struct tbm_str *a = &arg[3 + 3 * i];
+		uint64_t *c = cfg[i];
+		if (!read_uint(a[0].p, a[0].n, U64MAX, &c[0]) || !read_uint(a[1].p, a[1].n, Q_MAX, &c[1])
+		    || (c[0] != 0 && c[1] == 0))
+			return fail(o, "ERR tokenbucket: bad rate");
+		if (c[0] == 0)
+			c[1] = 1;
+		if (!read_uint(a[2].p, a[2].n, T62, &c[2]))
+			return fail(o, "ERR tokenbucket: bad burst or n");
+	}
+	for (size_t i = 0; i < count; i++) {
+		if (n > cfg[i][2]) {
+			o->code = 2, o->index = (long long)i;
+			o->field_len[0] = put_i64(o->field[0], now);
+			o->field_len[1] = put_u64(o->field[1], 0);
+			o->field_len[4] = put_i64(o->field[4], NEVER);
+			o->field_len[5] = put_i64(o->field[5], NEVER);
+			return;
+		}
+	}
+	struct bucket b[TBM_SET_MAX];
+	size_t m = 0;
+	if (stored && !read_set(stored, b, &m))
+		return fail(o, "TBCORRUPT the value at this key is not a set of token buckets");
+	/* Each limit at max(now, clock), reconfigured as the call says; one
+	 * not stored yet is full. */
+	bool reconf = !stored || m != count;
+	int64_t clock = stored ? b[0].clock : now;
+	size_t shortest = count;
+	for (size_t i = 0; i < count; i++) {
+		if (i >= m)
+			b[i] = (struct bucket){ .clock = clock, .tok = cfg[i][2], .sp = cfg[i][0],
+						.sq = cfg[i][1], .sb = cfg[i][2] };
+		reconf |= reconfigure(&b[i], now, cfg[i][0], cfg[i][1], cfg[i][2]);
+		advance(&b[i], now);
+		if (shortest == count && b[i].tok < n)
+			shortest = i;
+	}
+	/* From all or from none; then the report, as the script makes it. */
+	bool taken = shortest == count;
+	size_t index = shortest;
+	int64_t act = b[0].clock, full = b[0].clock;
+	for (size_t i = 0; i < count; i++) {
+		if (taken) {
+			b[i].tok -= n;
+			if (i == 0 || b[i].tok < b[index].tok)
+				index = i;
+		} else if (b[i].tok < n) {
+			int64_t t = covered(&b[i], n - b[i].tok);
+			if (t > act)
+				act = t;
+		}
+		if (b[i].tok < b[i].sb) {
+			int64_t t = covered(&b[i], b[i].sb - b[i].tok);
+			if (t > full)
+				full = t;
+		}
+	}
+	if (taken || !tm || reconf) {
+		char *d = o->value;
+		memcpy(d, "tbs1 ", 5);
+		d += 5;
+		d += put_i64(d, b[0].clock);
+		for (size_t i = 0; i < count; i++) {
+			const uint64_t f[5] = { b[i].tok, b[i].rem, b[i].sp, b[i].sq, b[i].sb };
+			for (int k = 0; k < 5; k++) {
+				*d++ = ' ';
+				d += put_u64(d, f[k]);
+			}
+		}
+		o->value_len = (size_t)(d - o->value);
+		o->write = true;
+		expire_after(o, tm, full, b[0].clock);
+	}
+	o->code = taken ? 1 : 0;
+	o->index = (long long)index;
+	o->field_len[0] = put_i64(o->field[0], b[0].clock);
+	o->field_len[1] = put_u64(o->field[1], b[index].tok);
 	o->field_len[4] = put_i64(o->field[4], act);
 	o->field_len[5] = put_i64(o->field[5], full);
 }

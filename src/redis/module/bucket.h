@@ -17,9 +17,12 @@ struct tbm_str {
 	size_t n;
 };
 
-/* The longest value written: "tb1 " and six decimals of at most 20
- * characters each, with their spaces. */
-#define TBM_VALUE_MAX 136
+/* The most limits of a set (TOKENBUCKET_SET_MAX). */
+#define TBM_SET_MAX 16
+/* The longest value written: a set's, "tbs1 " and 1 + 5 * TBM_SET_MAX
+ * decimals of at most 20 characters each, with their spaces (a single
+ * bucket's, "tb1 " and six, is shorter). */
+#define TBM_VALUE_MAX (5 + 21 * (1 + 5 * TBM_SET_MAX))
 
 struct tbm_out {
 	const char *error;     /* an error reply's text, or NULL */
@@ -29,6 +32,8 @@ struct tbm_out {
 	char value[TBM_VALUE_MAX];
 	size_t value_len;
 	long long code;
+	bool several;          /* tbm_call_all's reply: code, index, then fields 0, 1, 4, 5 */
+	long long index;
 	char field[6][24];     /* now, level, rem, q, act, full */
 	size_t field_len[6];
 };
@@ -41,5 +46,13 @@ struct tbm_out {
  */
 void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t server_ns,
 	      struct tbm_out *out);
+
+/*
+ * allow_all: arg[0..nargs - 1] as sent to the script ("allow_all" now n,
+ * then tokens period burst per limit), on the same stored value, filling
+ * out as the script replies and writes.
+ */
+void tbm_call_all(const struct tbm_str *arg, size_t nargs, const struct tbm_str *stored,
+		  int64_t server_ns, struct tbm_out *out);
 
 #endif

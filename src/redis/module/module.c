@@ -9,6 +9,7 @@
  * A write is replicated as the SET it made, with an absolute PXAT expiry,
  * so that replicas and the AOF replay the result, never the server's clock.
  */
+#include <stdbool.h>
 #include <string.h>
 #include <time.h>
 
@@ -27,11 +28,23 @@ static int64_t server_ns(void)
 
 static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 {
-	if (argc != 9)
+	/* allow_all takes 3 + 3 * limits arguments after the key, the rest 7. */
+	struct tbm_str arg[3 + 3 * TBM_SET_MAX];
+	size_t nargs = argc > 2 ? (size_t)argc - 2 : 0;
+	if (argc >= 3) {
+		arg[0].p = RedisModule_StringPtrLen(argv[2], &arg[0].n);
+		if (!(arg[0].n == 9 && memcmp(arg[0].p, "allow_all", 9) == 0)) {
+			if (argc != 9)
+				nargs = 0;
+		} else if (nargs < 6 || nargs > 3 + 3 * TBM_SET_MAX || nargs % 3 != 0) {
+			nargs = 0;
+		}
+	}
+	if (nargs == 0)
 		return RedisModule_ReplyWithError(ctx, "ERR tokenbucket: bad argument count");
-	struct tbm_str arg[7];
-	for (int i = 0; i < 7; i++)
+	for (size_t i = 1; i < nargs; i++)
 		arg[i].p = RedisModule_StringPtrLen(argv[i + 2], &arg[i].n);
+	bool several = nargs != 7;
 	int64_t ns = server_ns();
 
 	RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
@@ -45,7 +58,10 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 		return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
 	}
 	struct tbm_out out;
-	tbm_call(arg, sp, ns, &out);
+	if (several)
+		tbm_call_all(arg, nargs, sp, ns, &out);
+	else
+		tbm_call(arg, sp, ns, &out);
 	if (out.error) {
 		RedisModule_CloseKey(key);
 		return RedisModule_ReplyWithError(ctx, out.error);
@@ -75,6 +91,15 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 		}
 	}
 	RedisModule_CloseKey(key);
+	if (out.several) {
+		static const int fields[4] = { 0, 1, 4, 5 }; /* clock, level, act, full */
+		RedisModule_ReplyWithArray(ctx, 6);
+		RedisModule_ReplyWithLongLong(ctx, out.code);
+		RedisModule_ReplyWithLongLong(ctx, out.index);
+		for (int i = 0; i < 4; i++)
+			RedisModule_ReplyWithStringBuffer(ctx, out.field[fields[i]], out.field_len[fields[i]]);
+		return REDISMODULE_OK;
+	}
 	RedisModule_ReplyWithArray(ctx, 7);
 	RedisModule_ReplyWithLongLong(ctx, out.code);
 	for (int i = 0; i < 6; i++)
