@@ -209,8 +209,23 @@ int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbuc
  * at UINT64_MAX); the waits are the latest.  out starts as {allowed,
  * index = refused}; its retry_after_ns is 0 at the end if allowed.
  */
-void tb__set_fold(struct tokenbucket_set_result *out, size_t i, size_t refused,
-		  const struct tokenbucket_result *one, uint64_t *fewest);
+static inline void tb__set_fold(struct tokenbucket_set_result *out, size_t i, size_t refused,
+				const struct tokenbucket_result *one, uint64_t *fewest)
+{
+	/* Inline: a set pays it per member, on the path its ratio goal is about. */
+	if (out->allowed ? one->remaining < *fewest : i == refused) {
+		*fewest = one->remaining;
+		out->index = i;
+		out->limit = one->limit;
+		out->remaining = one->remaining;
+	}
+	if (one->retry_after_ns > out->retry_after_ns)
+		out->retry_after_ns = one->retry_after_ns;
+	if (one->reset_after_ns > out->reset_after_ns)
+		out->reset_after_ns = one->reset_after_ns;
+	if (out->allowed)
+		out->retry_after_ns = 0;
+}
 
 /* ---- regime.c: life cycle and writers ----------------------------------- */
 

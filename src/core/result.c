@@ -83,20 +83,3 @@ int tokenbucket_allow_result(struct tokenbucket *tb, uint64_t n, struct tokenbuc
 {
 	return tokenbucket_allow_result_at(tb, tb__now(), n, res);
 }
-
-void tb__set_fold(struct tokenbucket_set_result *out, size_t i, size_t refused,
-		  const struct tokenbucket_result *one, uint64_t *fewest)
-{
-	if (out->allowed ? one->remaining < *fewest : i == refused) {
-		*fewest = one->remaining;
-		out->index = i;
-		out->limit = one->limit;
-		out->remaining = one->remaining;
-	}
-	if (one->retry_after_ns > out->retry_after_ns)
-		out->retry_after_ns = one->retry_after_ns;
-	if (one->reset_after_ns > out->reset_after_ns)
-		out->reset_after_ns = one->reset_after_ns;
-	if (out->allowed)
-		out->retry_after_ns = 0;
-}
