@@ -242,6 +242,7 @@ static void *work(void *arg)
 {
 	struct worker *w = arg;
 	long g = 0, late = 0, e = 0;
+	int refused = 0;
 	for (;;) {
 		int64_t now = tokenbucket_now();
 		if (now >= w->p->until)
@@ -252,10 +253,22 @@ static void *work(void *arg)
 			continue;
 		}
 		if (!res.allowed) {
-			/* Refused: let the lease's thread and the server run. */
-			sched_yield();
+			/*
+			 * Refused: let the lease's thread and the server run.  After
+			 * a run of refusals (an empty lease: Redis gone, or the key
+			 * contended) wait as a caller would, rather than spin 16
+			 * threads against the one refill thread of the process on a
+			 * loaded machine.
+			 */
+			if (++refused < 64) {
+				sched_yield();
+			} else {
+				int64_t ns = res.retry_after_ns;
+				sleep_ns(ns < 50000 ? 50000 : ns > MS ? MS : ns);
+			}
 			continue;
 		}
+		refused = 0;
 		if (now >= w->p->start) {
 			g++;
 			late += now >= w->p->late_from;
