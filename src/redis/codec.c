@@ -48,8 +48,9 @@ static void put_num(struct tbr__args *a, int i, int slot, bool is_signed, uint64
 
 ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap)
 {
-	/* "*argc\r\n", then "$len\r\n" arg "\r\n" each: at most 26 bytes of framing each. */
-	size_t need = 26;
+	/* "*argc\r\n", then "$len\r\n" arg "\r\n" each: at most 26 bytes of framing each;
+	 * and a NUL after the command, as hiredis's formatter leaves one. */
+	size_t need = 27;
 	for (int i = a->first; i < a->first + a->argc; i++) {
 		if (a->len[i] > SIZE_MAX / 2 - need)
 			return -ENOMEM;
@@ -78,6 +79,7 @@ ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap
 		*o++ = '\r';
 		*o++ = '\n';
 	}
+	*o = '\0';
 	return o - out;
 }
 

@@ -69,9 +69,10 @@ enum { TBR__VIA_SCRIPT = 0, TBR__VIA_MODULE = 1, TBR__VIA_FUNCTION = 2 };
 int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via);
 /*
  * The arguments a->argv[first ..] as one RESP command, the bytes hiredis's
- * redisFormatCommandArgv makes, without printf or sds: into buf when they
- * fit its size, else into *heap (malloc'd; the caller frees it, NULL when
- * unused).  The command's length, or -ENOMEM.
+ * redisFormatCommandArgv makes, without printf or sds, NUL-terminated as
+ * its are: into buf when they fit its size, else into *heap (malloc'd; the
+ * caller frees it, NULL when unused).  The command's length (the NUL not
+ * counted), or -ENOMEM.
  */
 #define TBR__RESP_STACK 1024 /* a call with a key of up to ~600 bytes fits on the stack */
 ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap);

@@ -156,7 +156,9 @@ START_TEST(test_format_bytes)
 					char *cmd;
 					size_t len;
 					ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), 0);
-					/* Parse it back with hiredis's reader: its argv, then hiredis's bytes. */
+					/* NUL-terminated, as hiredis's formatter leaves it. */
+					ck_assert(cmd[len] == '\0');
+					/* Parse it back: its argv, then hiredis's bytes of that argv. */
 					ck_assert(len > 4 && cmd[0] == '*');
 					int argc = atoi(cmd + 1);
 					ck_assert(argc >= 11 && argc <= 12);
