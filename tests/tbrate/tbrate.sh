@@ -189,12 +189,22 @@ group_pacing() {
 	[ "$(wc -l <"$tmp/out")" -eq 5 ] || fail "quota spent: $(wc -l <"$tmp/out") lines of 5"
 	# Bytes under a byte quota: 3000 bytes, 1000 of them at once, then 1 kB/s.
 	pace "bytes, two rates" 3000 1000 1000 -r 1M/s -r 1kB/s -b 4k -b 1000
-	# The statistics name every rate.
-	seq 1 100 | $TB -l -r 50/s -r 1000/h -b 1 -b 7 >/dev/null 2>"$tmp/err" &
+	# The statistics name every rate.  Signalled once its first lines are
+	# out (the handlers are set by then, however slowly it started).
+	rm -f "$tmp/out"
+	seq 1 100 | $TB -l -r 50/s -r 1000/h -b 1 -b 7 >"$tmp/out" 2>"$tmp/err" &
 	pid=$!
-	sleep 0.5
+	i=0
+	while [ ! -s "$tmp/out" ] && [ $i -lt $((100 * M)) ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
 	kill -USR1 "$pid"
-	sleep 0.3
+	i=0
+	while ! grep -q "burst 7" "$tmp/err" && [ $i -lt $((100 * M)) ]; do
+		sleep 0.1
+		i=$((i + 1))
+	done
 	kill "$pid" 2>/dev/null || true
 	wait "$pid" || true
 	expect_in "statistics, two rates" "$tmp/err" "burst 7"
