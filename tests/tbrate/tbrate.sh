@@ -194,17 +194,9 @@ group_pacing() {
 	rm -f "$tmp/out"
 	seq 1 100 | $TB -l -r 50/s -r 1000/h -b 1 -b 7 >"$tmp/out" 2>"$tmp/err" &
 	pid=$!
-	i=0
-	while [ ! -s "$tmp/out" ] && [ $i -lt $((100 * M)) ]; do
-		sleep 0.1
-		i=$((i + 1))
-	done
+	await_output
 	kill -USR1 "$pid"
-	i=0
-	while ! grep -q "burst 7" "$tmp/err" && [ $i -lt $((100 * M)) ]; do
-		sleep 0.1
-		i=$((i + 1))
-	done
+	await_output "$tmp/err" "burst 7"
 	kill "$pid" 2>/dev/null || true
 	wait "$pid" || true
 	expect_in "statistics, two rates" "$tmp/err" "burst 7"
@@ -356,16 +348,27 @@ group_redis() {
 
 # sig_start OPTIONS...: tbrate in the background on 1 MB, pid in $pid,
 # once it has written something (its handlers are in place before that).
+# await_output [FILE TEXT]: waits (at most 10 s, scaled by M) until
+# $tmp/out has bytes, or until FILE holds TEXT.
+await_output() {
+	i=0
+	while [ $i -lt $((100 * M)) ]; do
+		if [ $# -eq 0 ]; then
+			[ -s "$tmp/out" ] && return 0
+		else
+			grep -qF -- "$2" "$1" && return 0
+		fi
+		sleep 0.1
+		i=$((i + 1))
+	done
+}
+
 sig_start() {
 	zeros 1000000 "$tmp/big"
 	rm -f "$tmp/out"
 	$TB "$@" <"$tmp/big" >"$tmp/out" 2>"$tmp/err" &
 	pid=$!
-	i=0
-	while [ ! -s "$tmp/out" ] && [ $i -lt $((100 * M)) ]; do
-		sleep 0.1
-		i=$((i + 1))
-	done
+	await_output
 	sleep 0.2
 }
 sig_end() {
@@ -421,11 +424,7 @@ group_signals() {
 	rm -f "$tmp/out"
 	$TB -r 10/s -n 1 -- sh -c 'echo started; exec sleep 10' </dev/null >"$tmp/out" &
 	pid=$!
-	i=0
-	while [ ! -s "$tmp/out" ] && [ $i -lt $((100 * M)) ]; do
-		sleep 0.1
-		i=$((i + 1))
-	done
+	await_output
 	kill -TERM "$pid"
 	sig_end
 	el=$(($(now_ns) - t0))

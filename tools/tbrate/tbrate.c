@@ -194,6 +194,12 @@ static uint64_t bucket_burst(void)
 	return b;
 }
 
+/* A burst computed wide, within [1, max]. */
+static uint64_t burst_within(unsigned __int128 b, uint64_t max)
+{
+	return b < 1 ? 1 : b > max ? max : (uint64_t)b;
+}
+
 static uint64_t default_burst(const struct tbrate_rate *r)
 {
 	if (g.mode != MODE_BYTES)
@@ -204,11 +210,11 @@ static uint64_t default_burst(const struct tbrate_rate *r)
 		/* REDIS_BURST_NS of the rate, at least 1. */
 		unsigned __int128 b = (unsigned __int128)r->tokens * REDIS_BURST_NS /
 				      (uint64_t)r->period_ns;
-		return b < 1 ? 1 : b > TOKENBUCKET_BURST_MAX ? TOKENBUCKET_BURST_MAX : (uint64_t)b;
+		return burst_within(b, TOKENBUCKET_BURST_MAX);
 	}
 	/* BURST_NS worth of the rate, within [1, 4 * CHUNK_MAX]. */
 	unsigned __int128 b = (unsigned __int128)r->tokens * BURST_NS / (uint64_t)r->period_ns;
-	return b < 1 ? 1 : b > 4 * CHUNK_MAX ? 4 * CHUNK_MAX : (uint64_t)b;
+	return burst_within(b, 4 * CHUNK_MAX);
 }
 
 /*
@@ -223,7 +229,7 @@ static uint64_t quota_burst(const struct tbrate_rate *r)
 		return default_burst(r);
 	unsigned __int128 b = (unsigned __int128)r->tokens * (uint64_t)r->span_ns /
 			      (uint64_t)r->period_ns;
-	return b < 1 ? 1 : b > TOKENBUCKET_BURST_MAX ? TOKENBUCKET_BURST_MAX : (uint64_t)b;
+	return burst_within(b, TOKENBUCKET_BURST_MAX);
 }
 
 /* Bytes to read for the next chunk: CHUNK_NS of the rate in force, within burst. */
