@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decimal.h"
 #include "internal.h"
 
 static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
@@ -20,30 +21,10 @@ static void put(struct tbr__args *a, int i, const char *s, size_t len)
 	a->len[i] = len;
 }
 
-/* v in decimal at out (room for 20 digits); its length.  No locale, no printf. */
-static size_t u64_dec(char *out, uint64_t v)
-{
-	char tmp[20];
-	size_t n = 0;
-	do {
-		tmp[n++] = (char)('0' + v % 10);
-		v /= 10;
-	} while (v != 0);
-	for (size_t i = 0; i < n; i++)
-		out[i] = tmp[n - 1 - i];
-	return n;
-}
-
 static void put_num(struct tbr__args *a, int i, int slot, bool is_signed, uint64_t v)
 {
 	char *s = a->num[slot];
-	size_t len = 0;
-	if (is_signed && (int64_t)v < 0) {
-		s[len++] = '-';
-		v = -v; /* INT64_MIN too: its magnitude as uint64_t */
-	}
-	len += u64_dec(s + len, v);
-	put(a, i, s, len);
+	put(a, i, s, is_signed ? put_i64(s, (int64_t)v) : put_u64(s, v));
 }
 
 ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap)
@@ -65,12 +46,12 @@ ssize_t tbr__resp(const struct tbr__args *a, char *buf, size_t size, char **heap
 	}
 	char *o = out;
 	*o++ = '*';
-	o += u64_dec(o, (uint64_t)a->argc);
+	o += put_u64(o, (uint64_t)a->argc);
 	*o++ = '\r';
 	*o++ = '\n';
 	for (int i = a->first; i < a->first + a->argc; i++) {
 		*o++ = '$';
-		o += u64_dec(o, a->len[i]);
+		o += put_u64(o, a->len[i]);
 		*o++ = '\r';
 		*o++ = '\n';
 		if (a->len[i] > 0)

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Decimal texts by hand, for what the client sends Redis and what the
+ * module stores: printf's parsing of a format costs more than the rest of
+ * a call.  Pure, no locale.
+ */
+#ifndef TB_DECIMAL_H
+#define TB_DECIMAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* Each writes at most 20 characters (21 with a sign) and returns how many. */
+static inline size_t put_u64(char *d, uint64_t v)
+{
+	/* Two digits a step, from the end. */
+	static const char pairs[] = "00010203040506070809101112131415161718192021222324"
+				    "25262728293031323334353637383940414243444546474849"
+				    "50515253545556575859606162636465666768697071727374"
+				    "75767778798081828384858687888990919293949596979899";
+	char t[20];
+	size_t i = sizeof(t);
+	while (v >= 100) {
+		unsigned k = (unsigned)(v % 100) * 2;
+		v /= 100;
+		t[--i] = pairs[k + 1];
+		t[--i] = pairs[k];
+	}
+	if (v >= 10) {
+		t[--i] = pairs[v * 2 + 1];
+		t[--i] = pairs[v * 2];
+	} else {
+		t[--i] = (char)('0' + v);
+	}
+	size_t n = sizeof(t) - i;
+	memcpy(d, t + i, n);
+	return n;
+}
+
+static inline size_t put_i64(char *d, int64_t v)
+{
+	if (v >= 0)
+		return put_u64(d, (uint64_t)v);
+	d[0] = '-';
+	return 1 + put_u64(d + 1, 0 - (uint64_t)v);
+}
+
+#endif
