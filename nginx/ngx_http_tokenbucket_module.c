@@ -6,7 +6,7 @@
  * are read by tbrate's exact parser (tools/tbrate/units.c).
  *
  *   tokenbucket_zone zone=NAME:SIZE | zone=NAME keys=N  rate=R [burst=B]
- *                    [full=closed|open|evict];                      (http)
+ *                    [rate=R [burst=B]]... [full=closed|open|evict];  (http)
  *   tokenbucket_zone zone=NAME redis=URL | cluster=SEED[,SEED...]  rate=R
  *                    [burst=B] [prefix=P] [fallback=SHARE] [timeout=T]
  *                    [lease=WINDOW [lease_share=F] [lease_hot=N] [lease_keys=N]];
@@ -19,7 +19,10 @@
  * after that).  A reload keeps a zone whose size, rate, burst, keys and
  * policy are unchanged: nginx hands the old memory to the new cycle and
  * the table is attached, not initialised.  Any change gives the zone fresh
- * memory.
+ * memory.  A local zone of several rates ("rate=10r/s rate=1000r/h") keeps
+ * a table per rate, side by side in its memory, and a request takes its
+ * cost from every table or from none (tokenbucket_table_allow_all_at, or
+ * a reservation per table where the zone must reserve).
  *
  * A Redis zone is decided by libtokenbucket-redis's asynchronous client,
  * one per zone in each worker (opened in init_process), driven by nginx's
@@ -55,6 +58,9 @@
 /* A Redis zone's command timeout unless timeout= says otherwise. */
 #define NGX_HTTP_TB_REDIS_TIMEOUT 1000
 
+/* rate= of a local zone at most: a table each, all in the zone's memory. */
+#define NGX_HTTP_TB_RATES_MAX 4
+
 /* Seeds of cluster= at most (the library's own limit is 1024). */
 #define NGX_HTTP_TB_SEEDS_MAX 64
 
@@ -69,14 +75,16 @@ typedef struct ngx_http_tokenbucket_engine_s ngx_http_tokenbucket_engine_t;
 
 typedef struct {
 	ngx_str_t name;
-	uint64_t tokens;   /* per period_ns: the exact rate */
-	int64_t period_ns;
-	uint64_t burst;
-	uint64_t capacity; /* keys (slots) */
+	/* The limits of every key: rate[0] (a Redis zone's only one), then
+	 * the local zone's further rate= in order; tokens per period_ns, exact. */
+	struct tokenbucket_limit rate[NGX_HTTP_TB_RATES_MAX];
+	ngx_uint_t nrates;
+	uint64_t capacity; /* keys (slots) of each table */
 	unsigned flags;    /* TOKENBUCKET_TABLE_FAIL_OPEN or _EVICT, or 0 */
-	size_t table_size;
-	void *mem;         /* the table, in the zone's slab pool */
-	struct tokenbucket_table *table; /* this cycle's handle, set by init */
+	size_t table_size; /* of one table */
+	void *mem;         /* the tables, one after another, in the zone's slab pool */
+	/* This cycle's handles, one per rate, set by init. */
+	struct tokenbucket_table *table[NGX_HTTP_TB_RATES_MAX];
 
 	/* A Redis zone (nseeds > 0): no table; the buckets are Redis's. */
 	char *seeds[NGX_HTTP_TB_SEEDS_MAX]; /* redis=URL, or cluster= seeds */
@@ -163,7 +171,7 @@ typedef struct {
 	struct tokenbucket_result best;
 	ngx_str_t *keys;      /* per limit */
 	uint64_t *costs;
-	struct tokenbucket_reservation *rv;
+	struct tokenbucket_reservation *rv; /* NGX_HTTP_TB_RATES_MAX per limit */
 	u_char *local;        /* per limit: a Redis zone's grant made by its fallback */
 	ngx_http_tokenbucket_pending_t *pending; /* the call in flight, or NULL */
 	int reply_err;
@@ -257,6 +265,7 @@ static ngx_int_t ngx_http_tokenbucket_init_zone(ngx_shm_zone_t *shm_zone, void *
 {
 	ngx_http_tokenbucket_zone_t *z = shm_zone->data, *old = data;
 	ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
+	ngx_uint_t t;
 	int rc;
 
 	if (z->nseeds > 0)
@@ -264,27 +273,36 @@ static ngx_int_t ngx_http_tokenbucket_init_zone(ngx_shm_zone_t *shm_zone, void *
 	if (old != NULL) {
 		/* A reload with unchanged parameters (else noreuse was set). */
 		z->mem = old->mem;
-		rc = tokenbucket_table_attach_shared(&z->table, z->mem, z->table_size);
-		if (rc == 0)
-			return NGX_OK;
-		ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, -rc,
-			      "tokenbucket_zone \"%V\": cannot attach the table kept over reload",
-			      &z->name);
-		return NGX_ERROR;
+		for (t = 0; t < z->nrates; t++) {
+			rc = tokenbucket_table_attach_shared(&z->table[t],
+							     (u_char *)z->mem + t * z->table_size,
+							     z->table_size);
+			if (rc != 0) {
+				ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, -rc,
+					      "tokenbucket_zone \"%V\": cannot attach the table "
+					      "kept over reload", &z->name);
+				return NGX_ERROR;
+			}
+		}
+		return NGX_OK;
 	}
-	z->mem = ngx_slab_alloc(shpool, z->table_size);
+	z->mem = ngx_slab_alloc(shpool, z->nrates * z->table_size);
 	if (z->mem == NULL) {
 		ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
 			      "tokenbucket_zone \"%V\": zone too small for %uL keys", &z->name,
 			      (unsigned long long)z->capacity);
 		return NGX_ERROR;
 	}
-	rc = tokenbucket_table_init_shared(&z->table, z->mem, z->table_size, z->tokens,
-					   z->period_ns, z->burst, z->capacity, z->flags);
-	if (rc != 0) {
-		ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, -rc,
-			      "tokenbucket_zone \"%V\": cannot place the table", &z->name);
-		return NGX_ERROR;
+	for (t = 0; t < z->nrates; t++) {
+		rc = tokenbucket_table_init_shared(&z->table[t], (u_char *)z->mem + t * z->table_size,
+						   z->table_size, z->rate[t].tokens,
+						   z->rate[t].period_ns, z->rate[t].burst,
+						   z->capacity, z->flags);
+		if (rc != 0) {
+			ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, -rc,
+				      "tokenbucket_zone \"%V\": cannot place the table", &z->name);
+			return NGX_ERROR;
+		}
 	}
 	shpool->data = z->mem;
 	return NGX_OK;
@@ -294,8 +312,10 @@ static ngx_int_t ngx_http_tokenbucket_init_zone(ngx_shm_zone_t *shm_zone, void *
 static void ngx_http_tokenbucket_free_handle(void *data)
 {
 	ngx_http_tokenbucket_zone_t *z = data;
-	tokenbucket_table_free(z->table);
-	z->table = NULL;
+	for (ngx_uint_t t = 0; t < z->nrates; t++) {
+		tokenbucket_table_free(z->table[t]);
+		z->table[t] = NULL;
+	}
 }
 
 /* The old cycle's zone of that name, if it is ours. */
@@ -428,7 +448,12 @@ static char *ngx_http_tokenbucket_redis_zone(ngx_conf_t *cf, ngx_http_tokenbucke
 				   "or full=", &z->name);
 		return NGX_CONF_ERROR;
 	}
-	if (z->burst > TOKENBUCKET_BURST_MAX) {
+	if (z->nrates > 1) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+				   "tokenbucket_zone \"%V\": a Redis zone takes one rate=", &z->name);
+		return NGX_CONF_ERROR;
+	}
+	if (z->rate[0].burst > TOKENBUCKET_BURST_MAX) {
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
 				   "tokenbucket_zone \"%V\": invalid burst: above %uL", &z->name,
 				   (unsigned long long)TOKENBUCKET_BURST_MAX);
@@ -458,10 +483,10 @@ static char *ngx_http_tokenbucket_redis_zone(ngx_conf_t *cf, ngx_http_tokenbucke
 		if (z->lease_keys == 0)
 			z->lease_keys = NGX_HTTP_TB_LEASE_KEYS;
 		/* What tokenbucket_redis_lease_open(3) refuses, said here. */
-		long double made = (long double)z->tokens * (long double)z->lease_window_ns /
-				   (long double)z->period_ns;
-		long double cap = (long double)z->lease_share * (long double)z->burst;
-		if (made * 3 / 8 >= (long double)z->burst) {
+		long double made = (long double)z->rate[0].tokens *
+				   (long double)z->lease_window_ns / (long double)z->rate[0].period_ns;
+		long double cap = (long double)z->lease_share * (long double)z->rate[0].burst;
+		if (made * 3 / 8 >= (long double)z->rate[0].burst) {
 			ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
 					   "tokenbucket_zone \"%V\": the rate makes a burst or more "
 					   "in 3/8 of lease=: shorten it or raise burst=", &z->name);
@@ -501,7 +526,8 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	ngx_pool_cleanup_t *cln;
 	ssize_t size = 0;
 	uint64_t keys = 0;
-	ngx_uint_t i, have_rate = 0;
+	ngx_uint_t i, t, nbursts = 0;
+	int64_t span[NGX_HTTP_TB_RATES_MAX];
 	size_t room;
 	char err[TBRATE_ERR_SIZE], *s;
 	u_char *colon;
@@ -510,7 +536,6 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	z = ngx_pcalloc(cf->pool, sizeof(*z));
 	if (z == NULL)
 		return NGX_CONF_ERROR;
-	z->burst = 1;
 	for (i = 1; i < cf->args->nelts; i++) {
 		v = value[i];
 		if (ngx_strncmp(v.data, "zone=", 5) == 0) {
@@ -537,15 +562,23 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 			if (rate.unlimited)
 				return ngx_http_tokenbucket_param(cf, &v, "rate",
 								  "a zone needs a finite rate");
-			z->tokens = rate.tokens;
-			z->period_ns = rate.period_ns;
-			have_rate = 1;
+			if (z->nrates == NGX_HTTP_TB_RATES_MAX)
+				return ngx_http_tokenbucket_param(cf, &v, "rate",
+								  "a zone holds 4 rates at most");
+			z->rate[z->nrates].tokens = rate.tokens;
+			z->rate[z->nrates].period_ns = rate.period_ns;
+			span[z->nrates++] = rate.span_ns;
 			continue;
 		}
 		if (ngx_strncmp(v.data, "burst=", 6) == 0) {
 			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 6)) == NULL)
 				return NGX_CONF_ERROR;
-			if (tbrate_parse_size(s, TOKENBUCKET_TABLE_BURST_MAX, &z->burst, err) != 0)
+			/* The n-th burst= is the n-th rate='s. */
+			if (nbursts == NGX_HTTP_TB_RATES_MAX)
+				return ngx_http_tokenbucket_param(cf, &v, "burst",
+								  "a zone holds 4 rates at most");
+			if (tbrate_parse_size(s, TOKENBUCKET_TABLE_BURST_MAX,
+					      &z->rate[nbursts++].burst, err) != 0)
 				return ngx_http_tokenbucket_param(cf, &v, "burst", err);
 			continue;
 		}
@@ -649,9 +682,26 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone: no zone=NAME");
 		return NGX_CONF_ERROR;
 	}
-	if (!have_rate) {
+	if (z->nrates == 0) {
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone \"%V\": no rate=", &name);
 		return NGX_CONF_ERROR;
+	}
+	if (nbursts > z->nrates) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+				   "tokenbucket_zone \"%V\": more burst= than rate=", &name);
+		return NGX_CONF_ERROR;
+	}
+	/*
+	 * Without burst=: 1 for the first rate, as limit_req's burst 0; a
+	 * further rate (a quota, "1000r/h") holds its amount over the period it
+	 * was written with, as tbrate's further -r does.
+	 */
+	for (t = nbursts; t < z->nrates; t++) {
+		unsigned __int128 b = t == 0 ? 1
+					     : (unsigned __int128)z->rate[t].tokens *
+						       (uint64_t)span[t] / (uint64_t)z->rate[t].period_ns;
+		z->rate[t].burst = b < 1 ? 1 : b > TOKENBUCKET_TABLE_BURST_MAX
+						   ? TOKENBUCKET_TABLE_BURST_MAX : (uint64_t)b;
 	}
 	if (z->nseeds > 0) {
 		z->name = name;
@@ -671,27 +721,32 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 				   &name);
 		return NGX_CONF_ERROR;
 	}
-	/* The slab pool's header and page table take about 1/64 and a few pages. */
+	/*
+	 * The slab pool's header and page table take about 1/64 and a few
+	 * pages; the rest holds a table per rate, each of capacity keys.
+	 */
 	room = NGX_HTTP_TB_SLAB_PAGES * ngx_pagesize;
 	if (keys != 0) {
 		z->table_size = tokenbucket_table_size(keys);
-		size = (ssize_t)ngx_align(z->table_size + z->table_size / 64 + room, ngx_pagesize);
+		size = (ssize_t)ngx_align(z->nrates * z->table_size +
+						  z->nrates * z->table_size / 64 + room,
+					  ngx_pagesize);
 		z->capacity = keys;
 	} else {
-		if ((size_t)size < room + 2 * tokenbucket_table_size(1))
+		if ((size_t)size < room + 2 * z->nrates * tokenbucket_table_size(1))
 			return ngx_http_tokenbucket_param(cf, &value[1], "zone size",
-							  "too small for a table");
-		z->capacity = ((size_t)size - room - (size_t)size / 64 - 256) / 32;
+							  z->nrates > 1 ? "too small for its tables"
+									: "too small for a table");
+		z->capacity = ((size_t)size - room - (size_t)size / 64 - 256 * z->nrates) /
+			      (32 * z->nrates);
 		if (z->capacity > TOKENBUCKET_TABLE_CAPACITY_MAX)
 			z->capacity = TOKENBUCKET_TABLE_CAPACITY_MAX;
-		while (z->capacity > 1 && tokenbucket_table_size(z->capacity) + (size_t)size / 64 +
-						  room > (size_t)size)
+		while (z->capacity > 1 && z->nrates * tokenbucket_table_size(z->capacity) +
+						  (size_t)size / 64 + room > (size_t)size)
 			z->capacity--;
 		z->table_size = tokenbucket_table_size(z->capacity);
 	}
 	z->name = name;
-	if (z->burst > TOKENBUCKET_TABLE_BURST_MAX)
-		return ngx_http_tokenbucket_param(cf, &value[1], "burst", "too large");
 
 	shm_zone = ngx_shared_memory_add(cf, &name, (size_t)size, &ngx_http_tokenbucket_module);
 	if (shm_zone == NULL)
@@ -704,7 +759,8 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	/* Memory kept over a reload must hold a table of exactly these terms. */
 	old = ngx_http_tokenbucket_old_zone(cf, &name);
 	if (old != NULL &&
-	    (old->nseeds != 0 || old->tokens != z->tokens || old->period_ns != z->period_ns || old->burst != z->burst ||
+	    (old->nseeds != 0 || old->nrates != z->nrates ||
+	     ngx_memcmp(old->rate, z->rate, z->nrates * sizeof(z->rate[0])) != 0 ||
 	     old->capacity != z->capacity || old->flags != z->flags))
 		shm_zone->noreuse = 1;
 	shm_zone->init = ngx_http_tokenbucket_init_zone;
@@ -1082,7 +1138,8 @@ static struct tokenbucket_redis_lease *ngx_http_tokenbucket_lease_of(
 	if (victim->key == NULL)
 		return NULL;
 	ngx_memcpy(victim->key, k->data, k->len);
-	struct tokenbucket_redis_limit lim = { z->tokens, z->period_ns, z->burst };
+	struct tokenbucket_redis_limit lim = { z->rate[0].tokens, z->rate[0].period_ns,
+					       z->rate[0].burst };
 	int rc = tokenbucket_redis_async_lease_open(&victim->lease, e->async, k->data, k->len, &lim,
 						    z->lease_share, z->lease_window_ns);
 	if (rc != 0) {
@@ -1371,7 +1428,7 @@ static int ngx_http_tokenbucket_ask(ngx_http_request_t *r, ngx_http_tokenbucket_
 		.op = op,
 		.key = ctx->keys[i].data,
 		.keylen = ctx->keys[i].len,
-		.limit = { z->tokens, z->period_ns, z->burst },
+		.limit = { z->rate[0].tokens, z->rate[0].period_ns, z->rate[0].burst },
 		.n = ctx->costs[i],
 		.arg = op == TOKENBUCKET_REDIS_RESERVE ? max_wait : 0,
 	};
@@ -1397,6 +1454,126 @@ static int ngx_http_tokenbucket_ask(ngx_http_request_t *r, ngx_http_tokenbucket_
 	return 0;
 }
 
+/* The reservation of limit i's t-th rate (a Redis zone's is t = 0). */
+static ngx_inline struct tokenbucket_reservation *ngx_http_tokenbucket_rv(
+	ngx_http_tokenbucket_ctx_t *ctx, ngx_uint_t i, ngx_uint_t t)
+{
+	return &ctx->rv[i * NGX_HTTP_TB_RATES_MAX + t];
+}
+
+/* Gives back a local zone's reservations rv[0] to rv[upto - 1] at now, in full. */
+static void ngx_http_tokenbucket_cancel_local(ngx_http_tokenbucket_zone_t *z, ngx_str_t *k,
+					      struct tokenbucket_reservation *rv, ngx_uint_t upto,
+					      int64_t now)
+{
+	for (ngx_uint_t t = 0; t < upto; t++)
+		if (rv[t].tokens != 0)
+			tokenbucket_table_cancel_at(z->table[t], k->data, k->len, &rv[t], now);
+}
+
+/*
+ * A local zone's decision at once: cost from every rate's table or from
+ * none, at now.  0 with *res (for several rates, the report of the table
+ * that refused, or of the one with the fewest tokens left), or the
+ * library's error.
+ */
+static int ngx_http_tokenbucket_allow_local(ngx_http_tokenbucket_zone_t *z, int64_t now,
+					    ngx_str_t *k, uint64_t cost,
+					    struct tokenbucket_result *res)
+{
+	struct tokenbucket_set_result set;
+	ngx_uint_t t;
+	int rc;
+
+	if (z->nrates == 1)
+		return tokenbucket_table_allow_result_at(z->table[0], now, k->data, k->len, cost,
+							 res);
+	rc = tokenbucket_table_allow_all_at(z->table, z->nrates, now, k->data, k->len, cost, &set);
+	if (rc == -E2BIG) {
+		/* Above some rate's burst: refused, as that table alone refuses it. */
+		for (t = 0; t + 1 < z->nrates && cost <= z->rate[t].burst; t++)
+			;
+		return tokenbucket_table_allow_result_at(z->table[t], now, k->data, k->len, cost,
+							 res);
+	}
+	if (rc != 0)
+		return rc;
+	*res = (struct tokenbucket_result){
+		.allowed = set.allowed,
+		.flags = set.flags,
+		.limit = set.limit,
+		.remaining = set.remaining,
+		.retry_after_ns = set.retry_after_ns,
+		.reset_after_ns = set.reset_after_ns,
+	};
+	return 0;
+}
+
+/* A local zone's tokens now, for the headers: the rate with the fewest whole tokens. */
+static int ngx_http_tokenbucket_report_local(ngx_http_tokenbucket_zone_t *z, int64_t now,
+					     ngx_str_t *k, struct tokenbucket_result *res)
+{
+	struct tokenbucket_result one;
+	int rc;
+
+	for (ngx_uint_t t = 0; t < z->nrates; t++) {
+		rc = tokenbucket_table_allow_result_at(z->table[t], now, k->data, k->len, 0,
+						       t == 0 ? res : &one);
+		if (rc != 0)
+			return rc;
+		if (t > 0 && one.remaining < res->remaining)
+			*res = one;
+	}
+	return 0;
+}
+
+/*
+ * Limit i's reservation in local zone z: cost from every rate's table,
+ * waiting at most max_wait, or from none.  0, ctx->until moved to when
+ * all are there; 1 refused, *res the report of the table that could not
+ * (its tokens now, and when cost of them is there); or the library's
+ * error.
+ */
+static int ngx_http_tokenbucket_reserve_local(ngx_http_tokenbucket_zone_t *z,
+					      ngx_http_tokenbucket_ctx_t *ctx, ngx_uint_t i,
+					      int64_t max_wait, struct tokenbucket_result *res)
+{
+	struct tokenbucket_reservation *rv = ngx_http_tokenbucket_rv(ctx, i, 0), probe;
+	struct tokenbucket_table *table;
+	ngx_str_t *k = &ctx->keys[i];
+	uint64_t cost = ctx->costs[i];
+	int64_t now = ctx->now;
+	ngx_uint_t t;
+	int rc = 0, err;
+
+	for (t = 0; t < z->nrates; t++) {
+		rc = tokenbucket_table_reserve_at(z->table[t], now, k->data, k->len, cost, max_wait,
+						  &rv[t]);
+		if (rc != 0)
+			break;
+		if (rv[t].time_to_act > ctx->until)
+			ctx->until = rv[t].time_to_act;
+	}
+	if (rc == 0)
+		return 0;
+	/* All or nothing: the rates before this one give back what they took. */
+	ngx_http_tokenbucket_cancel_local(z, k, rv, t, now);
+	if (rc != -ETIMEDOUT && rc != -E2BIG && rc != -EBUSY && rc != -EOVERFLOW)
+		return rc;
+	table = z->table[t];
+	err = tokenbucket_table_allow_result_at(table, now, k->data, k->len, 0, res);
+	if (err != 0)
+		return err;
+	res->allowed = false;
+	res->retry_after_ns = TOKENBUCKET_NEVER;
+	if (rc == -ETIMEDOUT && tokenbucket_table_reserve_at(table, now, k->data, k->len, cost,
+							      TOKENBUCKET_NEVER, &probe) == 0) {
+		res->retry_after_ns = probe.time_to_act - now;
+		tokenbucket_table_cancel_at(table, k->data, k->len, &probe, now);
+	}
+	return 1;
+}
+
 /*
  * Gives back what limits 0 to upto - 1 took for a request refused or
  * failed.  A table's reservation is cancelled at the request's "now", so
@@ -1410,31 +1587,36 @@ static void ngx_http_tokenbucket_give_back(ngx_http_request_t *r, ngx_http_token
 									ngx_http_tokenbucket_module);
 	ngx_http_tokenbucket_limit_t *limits = tcf->limits->elts;
 	ngx_http_tokenbucket_zone_t *z;
+	struct tokenbucket_reservation *rv;
 	ngx_str_t *k;
 	ngx_uint_t j;
 
 	for (j = 0; j < upto; j++) {
 		k = &ctx->keys[j];
-		if (k->len == 0 || ctx->rv[j].tokens == 0)
+		rv = ngx_http_tokenbucket_rv(ctx, j, 0);
+		if (k->len == 0)
 			continue;
 		z = limits[j].shm_zone->data;
 		if (z->nseeds == 0) {
-			tokenbucket_table_cancel_at(z->table, k->data, k->len, &ctx->rv[j], ctx->now);
+			ngx_http_tokenbucket_cancel_local(z, k, rv, z->nrates, ctx->now);
 			continue;
 		}
-		struct tokenbucket_redis_limit lim = { z->tokens, z->period_ns, z->burst };
+		if (rv->tokens == 0)
+			continue;
+		struct tokenbucket_redis_limit lim = { z->rate[0].tokens, z->rate[0].period_ns,
+						       z->rate[0].burst };
 		if (ctx->local[j]) {
-			tokenbucket_redis_cancel(z->engine->client, k->data, k->len, &lim, &ctx->rv[j]);
+			tokenbucket_redis_cancel(z->engine->client, k->data, k->len, &lim, rv);
 			continue;
 		}
 		struct tokenbucket_redis_call call = {
 			.op = TOKENBUCKET_REDIS_REFUND, .key = k->data, .keylen = k->len,
-			.limit = lim, .n = ctx->rv[j].tokens,
+			.limit = lim, .n = rv->tokens,
 		};
 		if (tokenbucket_redis_async_start(z->engine->async, &call, ngx_http_tokenbucket_forget,
 						  z->engine) == 0)
 			ngx_http_tokenbucket_busy(z->engine, 1);
-		ctx->rv[j].tokens = 0;
+		rv->tokens = 0;
 	}
 }
 
@@ -1494,7 +1676,7 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 			if (last && !res.allowed)
 				goto refused;
 			if (!last) {
-				ctx->rv[i] = ctx->reply_rv;
+				*ngx_http_tokenbucket_rv(ctx, i, 0) = ctx->reply_rv;
 				ctx->local[i] = (res.flags & TOKENBUCKET_RESULT_LOCAL) != 0;
 				/* A granted reservation's retry_after_ns is its delay. */
 				if (res.retry_after_ns > 0 &&
@@ -1502,40 +1684,20 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 					ctx->until = ctx->reply_at + res.retry_after_ns;
 			}
 		} else if (last) {
-			rc = tokenbucket_table_allow_result_at(z->table, now, k->data, k->len, cost,
-							       &res);
+			rc = ngx_http_tokenbucket_allow_local(z, now, k, cost, &res);
 			if (rc != 0)
 				goto lib_error;
 			if (!res.allowed)
 				goto refused;
 		} else {
-			rc = tokenbucket_table_reserve_at(z->table, now, k->data, k->len, cost,
-							  max_wait, &ctx->rv[i]);
-			if (rc == -ETIMEDOUT || rc == -E2BIG || rc == -EBUSY || rc == -EOVERFLOW) {
-				/* The report: the tokens now, and when cost of them is there. */
-				struct tokenbucket_reservation probe;
-				if (tokenbucket_table_allow_result_at(z->table, now, k->data, k->len,
-								      0, &res) != 0)
-					goto lib_error;
-				res.allowed = false;
-				res.retry_after_ns = TOKENBUCKET_NEVER;
-				if (rc == -ETIMEDOUT &&
-				    tokenbucket_table_reserve_at(z->table, now, k->data, k->len, cost,
-								 TOKENBUCKET_NEVER, &probe) == 0) {
-					res.retry_after_ns = probe.time_to_act - now;
-					tokenbucket_table_cancel_at(z->table, k->data, k->len, &probe,
-								    now);
-				}
+			rc = ngx_http_tokenbucket_reserve_local(z, ctx, i, max_wait, &res);
+			if (rc == 1)
 				goto refused;
-			}
 			if (rc != 0)
 				goto lib_error;
-			if (ctx->rv[i].time_to_act > ctx->until)
-				ctx->until = ctx->rv[i].time_to_act;
 			if (!tcf->headers)
 				continue;
-			if (tokenbucket_table_allow_result_at(z->table, now, k->data, k->len, 0,
-							      &res) != 0)
+			if (ngx_http_tokenbucket_report_local(z, now, k, &res) != 0)
 				goto lib_error;
 		}
 		if (!ctx->have_best || res.remaining < ctx->best.remaining) {
@@ -1626,14 +1788,15 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 
 	n = tcf->limits->nelts;
 	p = ngx_pcalloc(r->main->pool, sizeof(*ctx) +
-					       n * (sizeof(*ctx->rv) + sizeof(*ctx->keys) +
-						    sizeof(*ctx->costs) + sizeof(*ctx->local)));
+					       n * (NGX_HTTP_TB_RATES_MAX * sizeof(*ctx->rv) +
+						    sizeof(*ctx->keys) + sizeof(*ctx->costs) +
+						    sizeof(*ctx->local)));
 	cln = ngx_pool_cleanup_add(r->main->pool, 0);
 	if (p == NULL || cln == NULL)
 		return NGX_HTTP_INTERNAL_SERVER_ERROR;
 	ctx = (ngx_http_tokenbucket_ctx_t *)p;
 	ctx->rv = (struct tokenbucket_reservation *)(ctx + 1);
-	ctx->keys = (ngx_str_t *)(ctx->rv + n);
+	ctx->keys = (ngx_str_t *)(ctx->rv + n * NGX_HTTP_TB_RATES_MAX);
 	ctx->costs = (uint64_t *)(ctx->keys + n);
 	ctx->local = (u_char *)(ctx->costs + n);
 	cln->handler = ngx_http_tokenbucket_ctx_cleanup;

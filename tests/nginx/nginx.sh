@@ -292,6 +292,56 @@ zones)
 	check "k2's refusals by 'all' took nothing from perkey" \
 		test "$(get /a-only/ 4 0 "X-Key: k2" | count 200)" = 2
 	;;
+rates)
+	# A zone of several rates: a request takes from every rate's table or
+	# from none.  two: 1r/s burst 10 and a quota of 6 a minute (a later
+	# rate's default burst: its amount over the period written).
+	zones="
+	tokenbucket_zone zone=two keys=1024 rate=1r/s burst=10 rate=6r/min;
+	tokenbucket_zone zone=gate keys=64 rate=1r/min burst=2;
+	tokenbucket_zone zone=pace:1m rate=1r/min burst=2 rate=100r/h;
+	tokenbucket_zone zone=qp keys=64 rate=1r/h burst=5 rate=2r/s burst=1;"
+	locs="
+		location /a/ { tokenbucket zone=two key=\$http_x_key; }
+		location /slow/ {
+			tokenbucket zone=qp key=\$http_x_key;
+			tokenbucket zone=two key=\$http_x_key;
+		}
+		location /open/ { tokenbucket zone=qp key=\$http_x_key cost=\$http_x_cost; }
+		location /both/ {
+			tokenbucket zone=two key=\$http_x_key;
+			tokenbucket zone=gate key=\$http_x_key;
+		}
+		location /b/ { tokenbucket zone=pace key=\$http_x_key; }"
+	write_conf "$zones" "$locs"
+	start_nginx
+	out=$(get /a/ 10 0 "X-Key: q1")
+	check "the quota binds: 6 of 10" test "$(count 200 <<<"$out")" = 6
+	check "granted first, then refused" test "$(awk '{ printf "%s", $2 == 200 ? "+" : "-" }' <<<"$out")" = "++++++----"
+	retry=$(tail -1 <<<"$out" | awk '{ print $4 }')
+	check "Retry-After $retry: the quota's next token, within [1, 10]" test "$retry" -ge 1 -a "$retry" -le 10
+	hdrs=$(printf 'GET /a/ HTTP/1.1\r\nHost: x\r\nX-Key: q1\r\nConnection: close\r\n\r\n' |
+		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3")
+	check "the refusal names the quota: RateLimit-Limit 6" grep -q $'^RateLimit-Limit: 6\r$' <<<"$hdrs"
+	check "the pace binds: 2 of 5" test "$(get /b/ 5 0 "X-Key: p1" | count 200)" = 2
+	check "q3 through two and gate: gate's burst of 2" \
+		test "$(get /both/ 5 0 "X-Key: q3" | count 200)" = 2
+	check "gate's refusals took nothing from two: 4 left of the quota" \
+		test "$(get /a/ 10 0 "X-Key: q3" | count 200)" = 4
+	# qp reserves (it is not the last limit): a request its pace refuses
+	# gives back what its quota gave.  A cost above the quota's burst is
+	# refused by the quota, whose remaining tokens the refusal reports.
+	granted=$(get /slow/ 4 0 "X-Key: r1" | count 200)
+	left=$(get /open/ 1 0 "X-Key: r1" "X-Cost: 100" | awk '{ print $2 "," $3 }')
+	check "qp's quota lost only the $granted granted" test "$left" = "429,$((5 - granted))"
+	reload_nginx "$zones" "$locs"
+	check "after a reload, q1 is still out of quota" test "$(get /a/ 1 0 "X-Key: q1" | count 200)" = 0
+	write_conf "$(sed 's|rate=6r/min;|rate=7r/min;|' <<<"$zones")" "$locs"
+	kill -HUP "$master"
+	sleep 2
+	check "a zone whose second rate changed starts afresh" \
+		test "$(get /a/ 8 0 "X-Key: q1" | count 200)" = 7
+	;;
 bytes)
 	# A byte rate with a per-request cost; a cost above the burst never passes.
 	write_conf "
@@ -613,6 +663,12 @@ config)
 	bad "$z" "location / { tokenbucket zone=z; }" tokenbucket 'key='
 	bad "$z" "$l tokenbucket_status 200;" tokenbucket_status '"200"' 'between 400 and 599'
 	bad "$z $z" "" tokenbucket_zone '"z" is already defined'
+	bad "tokenbucket_zone zone=z keys=10 rate=1r/s rate=2r/s rate=3r/s rate=4r/s rate=5r/s;" "" \
+		tokenbucket_zone 'rate=5r/s' '4 rates at most'
+	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=2 burst=3;" "" \
+		tokenbucket_zone '"z"' 'more burst= than rate='
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s rate=1r/h;" "" \
+		tokenbucket_zone '"r"' 'a Redis zone takes one rate='
 	bad "tokenbucket_zone zone=r redis=http://x rate=1r/s;" "" tokenbucket_zone 'redis=http://x'
 	bad "tokenbucket_zone zone=r cluster=redis://a:1,,redis://b:2 rate=1r/s;" "" \
 		tokenbucket_zone 'cluster=redis://a:1,,redis://b:2' 'empty address'
