@@ -307,14 +307,20 @@ static inline tb__u128 tb__fine_at(const struct tb__view *v, int64_t t)
 	return tb__producing(v, t) ? tb__fine_units(v, t) : 0;
 }
 
+/* a / d and a % d exactly: one 64-bit division when a fits 64 bits (the usual case). */
+static inline tb__u128 tb__div(tb__u128 a, uint64_t d)
+{
+	return (a >> 64) == 0 ? (uint64_t)a / d : a / d;
+}
+static inline uint64_t tb__mod(tb__u128 a, uint64_t d)
+{
+	return (a >> 64) == 0 ? (uint64_t)a % d : (uint64_t)(a % d);
+}
+
 /* Whole tokens in f units of 1/q token: f / q, exactly. */
 static inline tb__u128 tb__whole(const struct tb__view *v, tb__u128 f)
 {
-	if (v->q == 1)
-		return f;
-	if ((f >> 64) == 0)
-		return (uint64_t)f / v->q; /* one 64-bit division in the usual case */
-	return f / v->q;
+	return v->q == 1 ? f : tb__div(f, v->q);
 }
 
 /* P(t): whole tokens produced from the origin to t (frozen at v->until), exactly. */

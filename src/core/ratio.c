@@ -148,9 +148,9 @@ int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j)
 {
 	if (v->kind != TB__FINITE || v->p == 0 || v->q == 0 || v->origin == TB__NO_TIME)
 		return TOKENBUCKET_NEVER;
-	u128 rem = at >= v->origin ? fine_units(v, at) % v->q : 0;
+	u128 rem = at >= v->origin ? tb__mod(fine_units(v, at), v->q) : 0;
 	u128 need = (u128)j * v->q - rem; /* fine units still to produce */
-	u128 wait = (need + v->p - 1) / v->p;
+	u128 wait = tb__div(need + v->p - 1, v->p);
 	if (wait >= (u128)span(TOKENBUCKET_NEVER, at))
 		return TOKENBUCKET_NEVER;
 	return (int64_t)((uint64_t)at + (uint64_t)wait); /* in range; wait may pass INT64_MAX */
@@ -171,7 +171,7 @@ double tb__fraction(const struct tb__view *v, int64_t t)
 		t = v->until;
 	if (!producing(v, t))
 		return 0;
-	uint64_t rem = (uint64_t)(fine_units(v, t) % v->q);
+	uint64_t rem = tb__mod(fine_units(v, t), v->q);
 	return (double)((long double)rem / (long double)v->q);
 }
 
@@ -181,7 +181,7 @@ int64_t tb__duration(const struct tb__view *v, uint64_t n)
 		return 0;
 	if (v->kind != TB__FINITE || v->p == 0)
 		return TOKENBUCKET_NEVER;
-	u128 d = ((u128)n * v->q + v->p - 1) / v->p;
+	u128 d = tb__div((u128)n * v->q + v->p - 1, v->p);
 	return d >= (u128)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
 }
 
@@ -198,7 +198,7 @@ int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0)
 
 uint64_t tb__remainder(const struct tb__view *v, int64_t t)
 {
-	return producing(v, t) ? (uint64_t)(fine_units(v, t) % v->q) : 0;
+	return producing(v, t) ? tb__mod(fine_units(v, t), v->q) : 0;
 }
 
 double tb__tokens_value(const struct tb__view *v, int64_t level, int64_t t)

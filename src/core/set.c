@@ -39,23 +39,27 @@ static int check_set(struct tokenbucket *const *set, size_t count)
 	return 0;
 }
 
-/* -E2BIG if some bucket of finite rate could never hold n. */
-static int check_n(struct tokenbucket *const *set, size_t count, uint64_t n)
-{
-	for (size_t i = 0; i < count; i++)
-		if (n > atomic_load_explicit(&set[i]->burst, memory_order_relaxed) &&
-		    !tb__unlimited(set[i]))
-			return -E2BIG;
-	return 0;
-}
-
-/* The checks of a call that takes n: its output (has_out), the set, then n. */
+/*
+ * The checks of a call that takes n, in one pass: -EINVAL for no output
+ * (has_out) or a set check_set refuses, else -E2BIG if some bucket of
+ * finite rate could never hold n.
+ */
 static int check_take(bool has_out, struct tokenbucket *const *set, size_t count, uint64_t n)
 {
-	if (!has_out)
+	if (!has_out || set == NULL || count == 0 || count > TOKENBUCKET_SET_MAX)
 		return -EINVAL;
-	int err = check_set(set, count);
-	return err ? err : check_n(set, count, n);
+	int err = 0;
+	for (size_t i = 0; i < count; i++) {
+		if (set[i] == NULL)
+			return -EINVAL;
+		for (size_t j = 0; j < i; j++)
+			if (set[j] == set[i])
+				return -EINVAL;
+		if (n > atomic_load_explicit(&set[i]->burst, memory_order_relaxed) &&
+		    !tb__unlimited(set[i]))
+			err = -E2BIG;
+	}
+	return err;
 }
 
 /*
@@ -66,6 +70,16 @@ static int check_take(bool has_out, struct tokenbucket *const *set, size_t count
  */
 static bool short_now(struct tokenbucket *tb, int64_t now, uint64_t n)
 {
+	/*
+	 * Tokens only come: a level of n or more before this instant's
+	 * production is surely not short.  The usual case, read from three
+	 * words (a torn read only sends the set to its take).
+	 */
+	uint64_t gen = atomic_load_explicit(&tb->gen, memory_order_acquire);
+	uint64_t hoff = atomic_load_explicit(&tb->slot[(gen >> 1) & 1].hoff, memory_order_relaxed);
+	if (tb__level(atomic_load_explicit(&tb->head, memory_order_relaxed) + hoff,
+		      atomic_load_explicit(&tb->tail, memory_order_relaxed)) >= (int64_t)n)
+		return false;
 	struct tb__view f;
 	if (tb__capped(tb) || tb__unlimited(tb) || !tb__load_regime(tb, &f))
 		return false;
