@@ -7,11 +7,16 @@
  * and answered in order.  A blocking call is then a thin layer: queue the
  * call, wake the I/O thread if the queue was empty, wait for the answer.
  *
- * Concurrency: the queue and each request's `done` are under `lock`; the
- * engine, the descriptors and the timer belong to the I/O thread alone.
- * The I/O thread reads its eventfd before it takes the queue, so a call
- * queued after the take finds the queue empty and wakes it again: no call
- * is left waiting in the queue.
+ * Concurrency, without a lock on a call's way: a calling thread pushes
+ * its request onto `queue` (a stack, compare-and-swap) and writes the
+ * eventfd if it found the stack empty; the I/O thread reads its eventfd
+ * before it takes the whole stack (one exchange), so a call pushed after
+ * the take finds the stack empty and wakes it again: no call is left
+ * waiting.  The answer is published by a release store to the request's
+ * `done`, which its thread waits on as a futex: a decision costs its
+ * thread one futex wait and the I/O thread one wake, with no mutex
+ * handed back and forth.  The engine, the descriptors and the timer belong
+ * to the I/O thread alone.
  *
  * fork(): the child gets the engine as the I/O thread left it, and that
  * thread is not in the child.  A handler of pthread_atfork waits until
@@ -20,6 +25,7 @@
  * a thread that is gone.  The child frees it without running a callback.
  */
 #include <errno.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -27,21 +33,22 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "bridge.h"
 
+/* A waiting call, on its thread's stack until done is set. */
 struct breq {
-	struct tbr__bridge *b;
 	const struct tokenbucket_redis_call *call;
 	struct tokenbucket_result res;
 	struct tokenbucket_reservation rv;
 	double tokens;
 	int err;
-	bool done;
-	pthread_cond_t cond; /* done, under the bridge's lock */
-	struct breq *next;
+	/* 0, then 1 (release) once the fields above hold the answer; a futex word. */
+	_Atomic uint32_t done;
+	struct breq *next; /* on the queue: the one pushed before */
 };
 
 struct watched {
@@ -50,9 +57,8 @@ struct watched {
 };
 
 struct tbr__bridge {
-	pthread_mutex_t lock; /* head, tail, stop, each request's done */
-	struct breq *head, *tail;
-	bool stop;
+	_Atomic(struct breq *) queue; /* the calls pushed and not yet taken, latest first */
+	atomic_bool stop;
 	int wake; /* eventfd: the queue was empty and is not */
 	pthread_t thread;
 	pthread_mutex_t engine; /* held by the I/O thread while it runs the engine */
@@ -156,24 +162,29 @@ static void answered(void *arg, int err, const struct tokenbucket_result *res,
 		q->rv = *rv;
 	q->tokens = tokens;
 	q->err = err;
-	/* q lives on the waiter's stack until done is set: signal under the lock. */
-	struct tbr__bridge *b = q->b;
-	pthread_mutex_lock(&b->lock);
-	q->done = true;
-	pthread_cond_signal(&q->cond);
-	pthread_mutex_unlock(&b->lock);
+	/*
+	 * Once done is 1 the waiter may return and its stack be reused: the
+	 * wake that follows may then land on an unrelated word, which only
+	 * makes a spurious wake-up there (every futex waiter checks its word).
+	 */
+	atomic_store_explicit(&q->done, 1, memory_order_release);
+	syscall(SYS_futex, &q->done, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
-/* Starts every queued call on the engine. */
+/* Starts every queued call on the engine, in the order they were pushed. */
 static void take_queue(struct tbr__bridge *b)
 {
 	uint64_t n;
 	if (read(b->wake, &n, sizeof(n)) < 0 && errno != EAGAIN)
 		return;
-	pthread_mutex_lock(&b->lock);
-	struct breq *q = b->head;
-	b->head = b->tail = NULL;
-	pthread_mutex_unlock(&b->lock);
+	struct breq *taken = atomic_exchange_explicit(&b->queue, NULL, memory_order_acquire);
+	struct breq *q = NULL;
+	while (taken != NULL) {
+		struct breq *next = taken->next;
+		taken->next = q;
+		q = taken;
+		taken = next;
+	}
 	if (q == NULL)
 		return;
 	/* All appended, then written together (or held for the replies awaited). */
@@ -199,10 +210,7 @@ static void *io_thread(void *arg)
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	pthread_mutex_lock(&b->engine);
 	for (;;) {
-		pthread_mutex_lock(&b->lock);
-		bool stop = b->stop;
-		pthread_mutex_unlock(&b->lock);
-		if (stop)
+		if (atomic_load_explicit(&b->stop, memory_order_acquire))
 			break;
 		size_t n = b->nfds + 1;
 		if (n > b->npoll) {
@@ -270,6 +278,8 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 		return -ENOMEM;
 	b->timer_at = -1;
 	atomic_init(&b->forked, false);
+	atomic_init(&b->queue, NULL);
+	atomic_init(&b->stop, false);
 	/* Room for the eventfd at least: the loop never lacks it. */
 	b->poll = malloc(sizeof(*b->poll));
 	b->npoll = 1;
@@ -284,7 +294,6 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 						     .timer = loop_timer };
 	int err = tbr__async_open(&b->a, cfg, &loop);
 	if (err == 0) {
-		pthread_mutex_init(&b->lock, NULL);
 		pthread_mutex_init(&b->engine, NULL);
 		/* Listed before the thread runs: a fork() from now on waits for it. */
 		pthread_mutex_lock(&bridges_lock);
@@ -295,7 +304,6 @@ int tbr__bridge_open(struct tbr__bridge **bp, const struct tbr__async_config *cf
 		if (err != 0) {
 			bridges_remove(b);
 			pthread_mutex_destroy(&b->engine);
-			pthread_mutex_destroy(&b->lock);
 			tokenbucket_redis_async_close(b->a);
 		}
 	}
@@ -334,9 +342,7 @@ void tbr__bridge_close(struct tbr__bridge *b)
 		free(b);
 		return;
 	}
-	pthread_mutex_lock(&b->lock);
-	b->stop = true;
-	pthread_mutex_unlock(&b->lock);
+	atomic_store_explicit(&b->stop, true, memory_order_release);
 	uint64_t one = 1;
 	while (write(b->wake, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
@@ -348,7 +354,6 @@ void tbr__bridge_close(struct tbr__bridge *b)
 	free(b->poll);
 	close(b->wake);
 	pthread_mutex_destroy(&b->engine);
-	pthread_mutex_destroy(&b->lock);
 	free(b);
 }
 
@@ -356,26 +361,21 @@ int tbr__bridge_call(struct tbr__bridge *b, const struct tokenbucket_redis_call 
 		     struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 		     double *tokens)
 {
-	struct breq q = { .b = b, .call = call };
-	pthread_cond_init(&q.cond, NULL);
-	pthread_mutex_lock(&b->lock);
-	bool was_empty = b->head == NULL;
-	if (b->tail != NULL)
-		b->tail->next = &q;
-	else
-		b->head = &q;
-	b->tail = &q;
-	pthread_mutex_unlock(&b->lock);
-	if (was_empty) {
+	struct breq q = { .call = call };
+	atomic_init(&q.done, 0);
+	struct breq *top = atomic_load_explicit(&b->queue, memory_order_relaxed);
+	do
+		q.next = top;
+	while (!atomic_compare_exchange_weak_explicit(&b->queue, &top, &q, memory_order_release,
+						      memory_order_relaxed));
+	if (top == NULL) {
 		uint64_t one = 1;
 		while (write(b->wake, &one, sizeof(one)) < 0 && errno == EINTR)
 			;
 	}
-	pthread_mutex_lock(&b->lock);
-	while (!q.done)
-		pthread_cond_wait(&q.cond, &b->lock);
-	pthread_mutex_unlock(&b->lock);
-	pthread_cond_destroy(&q.cond);
+	/* A wake-up may be spurious, or the answer there before the wait: the word decides. */
+	while (atomic_load_explicit(&q.done, memory_order_acquire) == 0)
+		syscall(SYS_futex, &q.done, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
 	/* As a blocking round trip: res only when the script answered (or the fallback). */
 	bool answered_by_script = q.err == 0 || q.err == -ETIMEDOUT || q.err == -E2BIG ||
 				  q.err == -EOVERFLOW;
