@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
+#include <sys/time.h>
 #include <time.h>
 
 /*
@@ -25,6 +26,12 @@
 static inline struct timespec tb__timespec_of(int64_t ns)
 {
 	return (struct timespec){ .tv_sec = ns / 1000000000, .tv_nsec = ns % 1000000000 };
+}
+
+/* ns >= 0 as a struct timeval, to the microsecond below (hiredis's timeouts). */
+static inline struct timeval tb__timeval_of(int64_t ns)
+{
+	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
 }
 
 /* 1 if fd is readable or hung up, 0 if not, or a negative errno (-EBADF when closed). */

@@ -17,6 +17,7 @@
 #include "cluster.h"
 #include "fallback.h"
 #include "slots.h"
+#include "sleep.h"
 
 
 struct tokenbucket_redis {
@@ -47,7 +48,7 @@ static struct tokenbucket_redis *client_new(int64_t connect_timeout_ns, int64_t 
 	tbr__node_init(&r->node);
 	tbr__fallback_init(&r->fallback);
 	pthread_mutex_init(&r->deps_mu, NULL);
-	r->connect_tv = tbr__tv_of(ns_or_default(connect_timeout_ns));
+	r->connect_tv = tb__timeval_of(ns_or_default(connect_timeout_ns));
 	r->command_ns = ns_or_default(command_timeout_ns);
 	return r;
 }

@@ -22,16 +22,12 @@
 #include <hiredis/sds.h>
 
 #include "pool.h"
+#include "sleep.h"
 
 /* Idle connections kept beyond this (per server) are closed. */
 #define TBR__IDLE_MAX 64
 /* While calls flow, how often a Sentinel client checks that its connections go to the primary named. */
 #define TBR__CHECK_NS INT64_C(1000000000)
-
-struct timeval tbr__tv_of(int64_t ns)
-{
-	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
-}
 
 static int parse_db(const char *s, int *db)
 {
@@ -164,7 +160,7 @@ int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
 {
 	if (c->timeout_ns == ns)
 		return 0;
-	if (redisSetTimeout(c->c, tbr__tv_of(ns)) != REDIS_OK)
+	if (redisSetTimeout(c->c, tb__timeval_of(ns)) != REDIS_OK)
 		return tbr__conn_error(c->c, errno);
 	c->timeout_ns = ns;
 	return 0;

@@ -104,7 +104,4 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep);
 
 
-/* ns as a struct timeval (ns >= 0). */
-struct timeval tbr__tv_of(int64_t ns);
-
 #endif

@@ -15,6 +15,7 @@
 
 #include "sentinel.h"
 #include "sigpipe.h"
+#include "sleep.h"
 
 /* At most this many sentinels in a URL. */
 #define TBR__SENTINELS_MAX 16
@@ -109,11 +110,6 @@ int tbr__sentinel_parse(struct tbr__sentinel **sp, const char *spec, int *db)
 	return 0;
 }
 
-static struct timeval tv_of(int64_t ns)
-{
-	return (struct timeval){ .tv_sec = ns / 1000000000, .tv_usec = (ns % 1000000000) / 1000 };
-}
-
 int tbr__sentinel_reply(const redisReply *rep, char **host, int *port)
 {
 	/* [host, port], or nil for a name it does not monitor. */
@@ -164,7 +160,7 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 	if (c->err)
 		err = strstr(c->errstr, "refused") != NULL ? -ECONNREFUSED
 		      : strstr(c->errstr, "timed out") != NULL ? -ETIME : -ECONNRESET;
-	if (err == 0 && redisSetTimeout(c, tv_of(timeout_ns)) != REDIS_OK)
+	if (err == 0 && redisSetTimeout(c, tb__timeval_of(timeout_ns)) != REDIS_OK)
 		err = -ECONNRESET;
 	redisReply *rep = NULL;
 	if (err == 0) {
