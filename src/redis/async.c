@@ -326,12 +326,11 @@ static void complete(struct op *o, int err, struct tokenbucket_result *res,
 	a->completed++;
 	unlink_op(a, o);
 	bool granted = err == 0 && o->all.call.op == TOKENBUCKET_REDIS_RESERVE;
-	if (a->forgetting) {
-	} else if (o->set_done != NULL) {
+	if (!a->forgetting && o->set_done != NULL) {
 		if (err != 0) /* decode and the fallback fill it on success only */
 			memset(&o->set_res, 0, sizeof(o->set_res));
 		o->set_done(o->arg, err, &o->set_res);
-	} else {
+	} else if (!a->forgetting) {
 		o->done(o->arg, err, res, granted ? rv : NULL, tokens);
 	}
 	free(o->key);

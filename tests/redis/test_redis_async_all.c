@@ -338,9 +338,9 @@ static void kill_server(void)
 	server_stop(&srv, true);
 }
 
-START_TEST(test_killed_mid_flight)
+/* 2000 in flight, refilled to 4000, the server SIGKILLed after 500 answers; each answered once. */
+static void kill_in_flight(void)
 {
-	/* 2000 in flight, refilled to 4000, the server SIGKILLed after 500 answers. */
 	fault_at = 500;
 	fault = kill_server;
 	refill_until = 4000;
@@ -349,6 +349,11 @@ START_TEST(test_killed_mid_flight)
 	run_until_done();
 	refill_until = 0;
 	each_once();
+}
+
+START_TEST(test_killed_mid_flight)
+{
+	kill_in_flight();
 	int failed = 0;
 	for (int i = 0; i < started; i++) {
 		ck_assert_msg(slots[i].err == 0 || lost_connection(slots[i].err), "call %d: %d", i,
@@ -419,14 +424,7 @@ START_TEST(test_fallback_when_down)
 	 */
 	ck_assert_int_eq(server_restart(&srv), 0);
 	counts_reset();
-	fault_at = 500;
-	fault = kill_server;
-	refill_until = 4000;
-	for (int i = 0; i < 2000; i++)
-		start_all("m", two, 2, 1);
-	run_until_done();
-	refill_until = 0;
-	each_once();
+	kill_in_flight();
 	int local = 0, granted = 0, granted_local = 0;
 	for (int i = 0; i < started; i++) {
 		ck_assert_msg(slots[i].err == 0, "call %d: %d", i, slots[i].err);
@@ -659,30 +657,6 @@ START_TEST(test_cluster_primary_killed)
 }
 END_TEST
 
-static void setup_libevent(void)
-{
-	kind = LIBEVENT;
-	setup();
-}
-
-static void setup_libuv(void)
-{
-	kind = LIBUV;
-	setup();
-}
-
-static void cluster_setup_libevent(void)
-{
-	kind = LIBEVENT;
-	cluster_setup();
-}
-
-static void cluster_setup_libuv(void)
-{
-	kind = LIBUV;
-	cluster_setup();
-}
-
 Suite *redis_async_all_suite(const char *name, bool libuv, bool cluster)
 {
 	const TTest *const one_server[] = {
@@ -694,11 +668,10 @@ Suite *redis_async_all_suite(const char *name, bool libuv, bool cluster)
 					    test_cluster_primary_killed, NULL };
 	Suite *s = suite_create(name);
 	TCase *tc = tcase_create(name);
-	if (cluster)
-		tcase_add_checked_fixture(tc, libuv ? cluster_setup_libuv : cluster_setup_libevent,
-					  cluster_teardown);
-	else
-		tcase_add_checked_fixture(tc, libuv ? setup_libuv : setup_libevent, teardown);
+	/* Checked fixtures run in the order added: the loop's kind, then the server. */
+	tcase_add_checked_fixture(tc, libuv ? loop_kind_libuv : loop_kind_libevent, NULL);
+	tcase_add_checked_fixture(tc, cluster ? cluster_setup : setup,
+				  cluster ? cluster_teardown : teardown);
 	tcase_set_timeout(tc, cluster ? 120 : 60);
 	const TTest *const *tests = cluster ? on_cluster : one_server;
 	for (int i = 0; tests[i] != NULL; i++)
