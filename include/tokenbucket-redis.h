@@ -525,6 +525,42 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
 TOKENBUCKET_API int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 						  const struct tokenbucket_redis_call *call,
 						  tokenbucket_redis_done_fn *done, void *arg);
+/*
+ * A several-limits decision's completion: err and, when err is 0, the
+ * decision as tokenbucket_redis_allow_all gives it (all zero otherwise).
+ * res is never NULL and is valid during the callback only.
+ */
+typedef void tokenbucket_redis_set_done_fn(void *arg, int err,
+					   const struct tokenbucket_set_result *res);
+
+/*
+ * Since 1.2.  tokenbucket_redis_allow_all (_at: on the caller's clock) on
+ * the asynchronous client a: starts the decision on key (a's prefix
+ * added) and returns at once; limits are copied.  done(arg, ...) is called
+ * exactly once, later, from tokenbucket_redis_async_ready, _timeout or
+ * _close, with what the blocking call would return: the decision, -E2BIG,
+ * -EBADMSG, -EPROTOTYPE, -ETIME past the command timeout, a connection's
+ * error, -ECANCELED when a is closed first, or, when Redis cannot answer, a
+ * decision of the local fallback (res->flags TOKENBUCKET_RESULT_LOCAL).  It
+ * goes as single calls do (module, function library or script, as a's
+ * connection found; on a cluster to the key's slot, MOVED, ASK,
+ * CLUSTERDOWN and TRYAGAIN followed), pipelined with them.  0, or before
+ * anything starts (done is then not called): -EINVAL (a, limits or done
+ * NULL, key NULL with keylen > 0, count 0 or above TOKENBUCKET_SET_MAX, a
+ * bad rate), -ERANGE (a burst above TOKENBUCKET_BURST_MAX), -ECANCELED (a
+ * is being closed), -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a,
+						      const void *key, size_t keylen,
+						      const struct tokenbucket_redis_limit *limits,
+						      size_t count, uint64_t n,
+						      tokenbucket_redis_set_done_fn *done, void *arg);
+TOKENBUCKET_API int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a,
+							 const void *key, size_t keylen,
+							 const struct tokenbucket_redis_limit *limits,
+							 size_t count, int64_t now, uint64_t n,
+							 tokenbucket_redis_set_done_fn *done,
+							 void *arg);
 /* Since 1.2.  fd, which the library asked to watch, is ready for events. */
 TOKENBUCKET_API void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd,
 						   unsigned events);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe|async|piped]
+ * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe|async|async2|piped]
  *
  * Allow calls on one hot key (KEYS 1) or on random keys out of KEYS, with
  * INFLIGHT of them outstanding, for SECONDS.  By default INFLIGHT threads
@@ -9,7 +9,9 @@
  * outstanding on one TCP connection (URL redis://HOST:PORT) through
  * tokenbucket_redis_format and tokenbucket_redis_parse, as an event loop
  * would; with "async" one thread keeps INFLIGHT calls outstanding through
- * the asynchronous client on a libevent loop; with "piped" the threads
+ * the asynchronous client on a libevent loop, "async2" the same with
+ * tokenbucket_redis_async_allow_all on two limits (the one below and a
+ * quota of 10^6 an hour); with "piped" the threads
  * block as by default, their calls pipelined on one connection
  * (tokenbucket_redis_set_pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
  * =module in the environment forces the script or the native module
@@ -47,6 +49,11 @@ struct worker {
 
 /* 1000 tokens per second, burst 100: the hot key refuses most calls. */
 static const struct tokenbucket_redis_limit limit = { .tokens = 1, .period_ns = 1000000, .burst = 100 };
+/* async2: that limit and an hourly quota that rarely refuses. */
+static const struct tokenbucket_redis_limit limits2[2] = {
+	{ .tokens = 1, .period_ns = 1000000, .burst = 100 },
+	{ .tokens = 1000000, .period_ns = 3600000000000, .burst = 1000000 },
+};
 
 static uint64_t next_key(uint64_t *seed, long keys)
 {
@@ -162,6 +169,7 @@ struct async_run {
 	struct tokenbucket_redis_async *a;
 	struct worker *w;
 	int outstanding;
+	bool two; /* async2 */
 	char key[32];
 };
 
@@ -172,6 +180,7 @@ struct async_slot {
 
 static void async_done(void *arg, int err, const struct tokenbucket_result *res,
 		       const struct tokenbucket_reservation *rv, double tokens);
+static void async_set_done(void *arg, int err, const struct tokenbucket_set_result *res);
 
 static void async_next(struct async_slot *s)
 {
@@ -182,7 +191,10 @@ static void async_next(struct async_slot *s)
 	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = run->key,
 					       .keylen = (size_t)len, .limit = limit, .n = 1 };
 	s->t0 = tokenbucket_now();
-	if (tokenbucket_redis_async_start(run->a, &call, async_done, s) == 0)
+	int err = run->two ? tokenbucket_redis_async_allow_all(run->a, run->key, (size_t)len, limits2, 2, 1,
+							       async_set_done, s)
+			   : tokenbucket_redis_async_start(run->a, &call, async_done, s);
+	if (err == 0)
 		run->outstanding++;
 	else
 		w->errors++;
@@ -206,10 +218,16 @@ static void async_done(void *arg, int err, const struct tokenbucket_result *res,
 		async_next(s);
 }
 
-static int async_loop(struct tokenbucket_redis *r, int inflight, struct worker *w)
+static void async_set_done(void *arg, int err, const struct tokenbucket_set_result *res)
+{
+	(void)res;
+	async_done(arg, err, NULL, NULL, 0);
+}
+
+static int async_loop(struct tokenbucket_redis *r, int inflight, bool two, struct worker *w)
 {
 	struct event_base *base = event_base_new();
-	struct async_run run = { .w = w };
+	struct async_run run = { .w = w, .two = two };
 	if (base == NULL || tokenbucket_redis_libevent_open(&run.a, r, base) != 0)
 		return -1;
 	struct async_slot *slots = calloc((size_t)inflight, sizeof(*slots));
@@ -230,8 +248,10 @@ int main(int argc, char **argv)
 	bool piped = argc == 6 && strcmp(argv[5], "piped") == 0;
 	if (piped)
 		argc = 5; /* the threads' run, pipelined */
-	if (argc != 5 && !(argc == 6 && (strcmp(argv[5], "pipe") == 0 || strcmp(argv[5], "async") == 0))) {
-		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe|async|piped]\n", argv[0]);
+	bool two = argc == 6 && strcmp(argv[5], "async2") == 0;
+	if (argc != 5 && !(argc == 6 && (strcmp(argv[5], "pipe") == 0 || strcmp(argv[5], "async") == 0 ||
+					 two))) {
+		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe|async|async2|piped]\n", argv[0]);
 		return 2;
 	}
 	int inflight = atoi(argv[2]);
@@ -270,7 +290,7 @@ int main(int argc, char **argv)
 		w[0] = (struct worker){ .keys = keys, .seed = 1, .until = start + (int64_t)(seconds * 1e9),
 					.samples = malloc(SAMPLES * sizeof(int64_t)) };
 		int err = strcmp(argv[5], "pipe") == 0 ? pipelined(argv[1], inflight, &w[0])
-						       : async_loop(r, inflight, &w[0]);
+						       : async_loop(r, inflight, two, &w[0]);
 		if (err != 0) {
 			fprintf(stderr, "pipelined run failed\n");
 			return 1;

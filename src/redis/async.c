@@ -45,6 +45,11 @@
  * when they name another, the connection closes once the calls sent on it
  * are answered, and the next goes where they say.
  *
+ * A several-limits decision (tokenbucket_redis_async_allow_all) is an op
+ * like any other: its call is that of a struct tbr__call_all held in the
+ * op, with the limits copied after it, so the codec, the routing and the
+ * fallback treat it as the blocking allow_all's; only its callback differs.
+ *
  * Callbacks run from tokenbucket_redis_async_ready, _timeout and _close
  * only, never from _start.  They may start calls and close the client:
  * `depth` counts the library's frames on the stack, and a close asked for
@@ -100,10 +105,16 @@ struct conn {
 struct op {
 	struct tokenbucket_redis_async *a;
 	struct op *prev, *next;
-	struct tokenbucket_redis_call call; /* call.key is key */
+	/*
+	 * all.call is the call, its key key; an allow_all's all.limits are
+	 * limits and its decision goes to all.res, set_res.
+	 */
+	struct tbr__call_all all;
 	char *key;
-	tokenbucket_redis_done_fn *done;
+	tokenbucket_redis_done_fn *done;         /* or, for an allow_all: */
+	tokenbucket_redis_set_done_fn *set_done;
 	void *arg;
+	struct tokenbucket_set_result set_res;
 	int64_t deadline;   /* tokenbucket_now() */
 	struct conn *conn;  /* while sent: its callback will come from there */
 	bool retried;       /* sent again after NOSCRIPT */
@@ -117,6 +128,7 @@ struct op {
 	bool demoted;       /* answered READONLY once (a Sentinel client) */
 	int redirects;
 	unsigned slot;
+	struct tokenbucket_redis_limit limits[]; /* an allow_all's, copied */
 };
 
 struct tokenbucket_redis_async {
@@ -308,14 +320,19 @@ static void complete(struct op *o, int err, struct tokenbucket_result *res,
 		rv = &v0;
 	}
 	if (a->fallback != NULL && !a->forgetting)
-		err = tbr__fallback_apply(a->fallback, &o->call, err, res, rv);
+		err = tbr__fallback_apply(a->fallback, &o->all.call, err, res, rv);
 	bind_op(o, NULL);
 	a->nwaiting--; /* o leaves the list */
 	a->completed++;
 	unlink_op(a, o);
-	bool granted = err == 0 && o->call.op == TOKENBUCKET_REDIS_RESERVE;
-	if (!a->forgetting)
+	bool granted = err == 0 && o->all.call.op == TOKENBUCKET_REDIS_RESERVE;
+	if (!a->forgetting && o->set_done != NULL) {
+		if (err != 0) /* decode and the fallback fill it on success only */
+			memset(&o->set_res, 0, sizeof(o->set_res));
+		o->set_done(o->arg, err, &o->set_res);
+	} else if (!a->forgetting) {
 		o->done(o->arg, err, res, granted ? rv : NULL, tokens);
+	}
 	free(o->key);
 	free(o);
 }
@@ -414,7 +431,7 @@ static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
 		/* Not run; the cluster is moving a slot, electing, or loading. */
 		tbr__cluster_set_stale(a->cluster);
 		if (starts(rep, "CLUSTERDOWN") && a->fallback != NULL &&
-		    tbr__fallback_down_returns(a->fallback, &o->call))
+		    tbr__fallback_down_returns(a->fallback, &o->all.call))
 			complete(o, -EAGAIN, NULL, NULL, 0); /* the fallback decides now */
 		else
 			again(o, -EAGAIN, true);
@@ -473,8 +490,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		resend(o, c);
 		return;
 	}
-	int err = tbr__decode(&o->call, reply, &res, &rv, &tokens);
-	if (err == -ENOEXEC && !(o->call.flags & TOKENBUCKET_REDIS_EVAL) && !c->dying) {
+	int err = tbr__decode(&o->all.call, reply, &res, &rv, &tokens);
+	if (err == -ENOEXEC && !(o->all.call.flags & TOKENBUCKET_REDIS_EVAL) && !c->dying) {
 		/*
 		 * The server lost the script, and every call in flight will say
 		 * so: the text goes once (SCRIPT LOAD), and they follow it by
@@ -482,7 +499,7 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		 * text itself.
 		 */
 		if (o->retried) {
-			o->call.flags |= TOKENBUCKET_REDIS_EVAL;
+			o->all.call.flags |= TOKENBUCKET_REDIS_EVAL;
 		} else if (!c->loading &&
 			   redisAsyncCommand(ac, on_loaded, c, "SCRIPT LOAD %s", tbr__script_text) ==
 				   REDIS_OK) {
@@ -520,7 +537,7 @@ static void send_op(struct op *o, struct conn *c)
 	int mode = module_mode(o->a);
 	o->module = tbr__use_module(mode, c->module);
 	o->function = !o->module && c->function && mode != TOKENBUCKET_REDIS_MODULE_NEVER;
-	int err = tbr__args(&o->call, &args,
+	int err = tbr__args(&o->all.call, &args,
 			    o->module ? TBR__VIA_MODULE : o->function ? TBR__VIA_FUNCTION : TBR__VIA_SCRIPT);
 	char buf[TBR__RESP_STACK], *heap = NULL;
 	ssize_t n = err == 0 ? tbr__resp(&args, buf, sizeof(buf), &heap) : 0;
@@ -1091,15 +1108,18 @@ void tbr__async_forget(struct tokenbucket_redis_async *a)
 	close_now(a);
 }
 
-int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
-				  const struct tokenbucket_redis_call *call,
-				  tokenbucket_redis_done_fn *done, void *arg)
+/*
+ * Starts call (its limits and count for an allow_all) with its completion
+ * (done, or set_done for an allow_all); the checks of the public entry
+ * points are done.
+ */
+static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_redis_call *call,
+		 const struct tokenbucket_redis_limit *limits, size_t count,
+		 tokenbucket_redis_done_fn *done, tokenbucket_redis_set_done_fn *set_done, void *arg)
 {
-	if (a == NULL || call == NULL || done == NULL || (unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
-		return -EINVAL;
 	if (a->closing)
 		return -ECANCELED;
-	struct op *o = calloc(1, sizeof(*o));
+	struct op *o = calloc(1, sizeof(*o) + count * sizeof(o->limits[0]));
 	if (o == NULL)
 		return -ENOMEM;
 	size_t keylen;
@@ -1109,18 +1129,24 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 		return err;
 	}
 	o->a = a;
-	o->call = (struct tokenbucket_redis_call){
+	o->all.call = (struct tokenbucket_redis_call){
 		.op = call->op, .flags = call->flags, .key = o->key, .keylen = keylen,
 		.limit = call->limit, .now = call->now, .n = call->n, .arg = call->arg,
 	};
+	if (count > 0)
+		memcpy(o->limits, limits, count * sizeof(o->limits[0]));
+	o->all.limits = o->limits;
+	o->all.count = count;
+	o->all.res = &o->set_res;
 	struct tbr__args check;
-	err = tbr__args(&o->call, &check, false);
+	err = tbr__args(&o->all.call, &check, false);
 	if (err != 0) {
 		free(o->key);
 		free(o);
 		return err;
 	}
 	o->done = done;
+	o->set_done = set_done;
 	o->arg = arg;
 	o->slot = tbr__slot(o->key, keylen);
 	o->last_err = -ETIME;
@@ -1140,6 +1166,45 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 	arm(a);
 	leave(a);
 	return 0;
+}
+
+int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
+				  const struct tokenbucket_redis_call *call,
+				  tokenbucket_redis_done_fn *done, void *arg)
+{
+	if (a == NULL || call == NULL || done == NULL || (unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
+		return -EINVAL;
+	return start(a, call, NULL, 0, done, NULL, arg);
+}
+
+static int allow_all(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+		     const struct tokenbucket_redis_limit *limits, size_t count, bool at,
+		     int64_t now, uint64_t n, tokenbucket_redis_set_done_fn *done, void *arg)
+{
+	if (a == NULL || limits == NULL || count == 0 || count > TOKENBUCKET_SET_MAX || done == NULL)
+		return -EINVAL;
+	const struct tokenbucket_redis_call call = {
+		.op = TBR__OP_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
+		.key = key, .keylen = keylen, .now = now, .n = n,
+	};
+	return start(a, &call, limits, count, NULL, done, arg);
+}
+
+int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a, const void *key,
+				      size_t keylen, const struct tokenbucket_redis_limit *limits,
+				      size_t count, uint64_t n, tokenbucket_redis_set_done_fn *done,
+				      void *arg)
+{
+	return allow_all(a, key, keylen, limits, count, false, 0, n, done, arg);
+}
+
+int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a, const void *key,
+					 size_t keylen,
+					 const struct tokenbucket_redis_limit *limits, size_t count,
+					 int64_t now, uint64_t n, tokenbucket_redis_set_done_fn *done,
+					 void *arg)
+{
+	return allow_all(a, key, keylen, limits, count, true, now, n, done, arg);
 }
 
 void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, unsigned events)

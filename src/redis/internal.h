@@ -43,9 +43,9 @@ struct tbr__args {
 /*
  * Several limits in one key (tokenbucket_redis_allow_all): an op past the
  * public ones, only ever in the call of a struct tbr__call_all, which the
- * blocking calls pass down by the address of its call.  The public entry
- * points that take a call from the caller (tokenbucket_redis_format,
- * _parse, _async_start) refuse the op.
+ * blocking calls and tokenbucket_redis_async_allow_all pass down by the
+ * address of its call.  The public entry points that take a call from the
+ * caller (tokenbucket_redis_format, _parse, _async_start) refuse the op.
  */
 #define TBR__OP_ALLOW_ALL ((enum tokenbucket_redis_op)64)
 struct tbr__call_all {

@@ -108,3 +108,18 @@ const char *const redis_bad_args[][7] = {
 	{ "allow", "", "1.5", "1", "1", "1", "0" },
 };
 const size_t redis_bad_args_count = sizeof(redis_bad_args) / sizeof(redis_bad_args[0]);
+
+long long redis_calls_of(const char *command)
+{
+	redisContext *c = redisConnect("127.0.0.1", srv.port);
+	ck_assert(c != NULL && !c->err);
+	redisReply *r = redisCommand(c, "INFO commandstats");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	char name[64];
+	snprintf(name, sizeof(name), "cmdstat_%s:calls=", command);
+	const char *at = strstr(r->str, name);
+	long long n = at != NULL ? atoll(at + strlen(name)) : 0;
+	freeReplyObject(r);
+	redisFree(c);
+	return n;
+}

@@ -38,6 +38,13 @@ long redis_sequences(long def);
 extern const char *const redis_bad_args[][7];
 extern const size_t redis_bad_args_count;
 
+/* Calls of command (tokenbucket.call, evalsha, eval, fcall) srv counted (INFO commandstats). */
+long long redis_calls_of(const char *command);
+/*
+ * The asynchronous several-limits suites (test_redis_async_all.c): on one
+ * server, or on a cluster, through libuv or libevent.
+ */
+Suite *redis_async_all_suite(const char *name, bool libuv, bool cluster);
 /* Runs the suites (NULL-terminated); skips (77) or fails when !available. */
 int redis_run(Suite *const *suites, bool available, const char *missing);
 /*

@@ -11,6 +11,16 @@
 #include "loops.h"
 
 enum loop_kind kind;
+
+void loop_kind_libevent(void)
+{
+	kind = LIBEVENT;
+}
+
+void loop_kind_libuv(void)
+{
+	kind = LIBUV;
+}
 static struct event_base *base;
 static uv_loop_t uvloop;
 

@@ -12,6 +12,9 @@ enum loop_kind { LIBEVENT, LIBUV };
 /* The loop of the running test: set by each suite's setup before loop_init. */
 extern enum loop_kind kind;
 
+/* Checked fixtures that set kind, added before a setup that needs it. */
+void loop_kind_libevent(void);
+void loop_kind_libuv(void);
 void loop_init(void);
 /* An asynchronous client of r on the loop (asserted to open). */
 struct tokenbucket_redis_async *async_open(struct tokenbucket_redis *r);

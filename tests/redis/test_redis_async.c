@@ -677,6 +677,10 @@ int main(void)
 		suite_of("redis-async-libuv", setup_libuv, teardown, 60, one_server),
 		suite_of("cluster-async-libevent", cluster_setup_libevent, cluster_teardown, 120, cluster),
 		suite_of("cluster-async-libuv", cluster_setup_libuv, cluster_teardown, 120, cluster),
+		redis_async_all_suite("redis-async-all-libevent", false, false),
+		redis_async_all_suite("redis-async-all-libuv", true, false),
+		redis_async_all_suite("cluster-async-all-libevent", false, true),
+		redis_async_all_suite("cluster-async-all-libuv", true, true),
 		NULL
 	};
 	return redis_run(suites, cluster_available(),

@@ -703,22 +703,6 @@ START_TEST(test_module_aof)
 }
 END_TEST
 
-/* Calls of command (tokenbucket.call, evalsha, eval) the server counted. */
-static long long calls_of(const char *command)
-{
-	redisContext *c = redisConnect("127.0.0.1", srv.port);
-	ck_assert(c != NULL && !c->err);
-	redisReply *r = redisCommand(c, "INFO commandstats");
-	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
-	char name[64];
-	snprintf(name, sizeof(name), "cmdstat_%s:calls=", command);
-	const char *at = strstr(r->str, name);
-	long long n = at != NULL ? atoll(at + strlen(name)) : 0;
-	freeReplyObject(r);
-	redisFree(c);
-	return n;
-}
-
 /* n allow calls on key through r, burst 3: the first 3 granted, the rest refused. */
 static void allow_burst(struct tokenbucket_redis *r, const char *key, int n)
 {
@@ -746,8 +730,8 @@ START_TEST(test_module_detected)
 		allow_burst(cli, "warm", 1);
 		ck_assert_int_eq(server_cmd(&srv, "CONFIG RESETSTAT"), REDIS_REPLY_STATUS);
 		allow_burst(cli, key, 2);
-		ck_assert_int_eq(calls_of("tokenbucket.call"), 2);
-		ck_assert_int_eq(calls_of("evalsha") + calls_of("eval"), 0);
+		ck_assert_int_eq(redis_calls_of("tokenbucket.call"), 2);
+		ck_assert_int_eq(redis_calls_of("evalsha") + redis_calls_of("eval"), 0);
 		ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_NEVER), 0);
 		struct tokenbucket_result res;
 		static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
@@ -755,8 +739,8 @@ START_TEST(test_module_detected)
 		ck_assert(res.allowed); /* the third token: the module's writes read by the script */
 		ck_assert_int_eq(tokenbucket_redis_allow(cli, key, strlen(key), &lim, 1, &res), 0);
 		ck_assert(!res.allowed);
-		ck_assert_int_eq(calls_of("tokenbucket.call"), 2);
-		ck_assert_int_ge(calls_of("evalsha") + calls_of("eval"), 2);
+		ck_assert_int_eq(redis_calls_of("tokenbucket.call"), 2);
+		ck_assert_int_ge(redis_calls_of("evalsha") + redis_calls_of("eval"), 2);
 		ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_AUTO), 0);
 	}
 	ck_assert_int_eq(tokenbucket_redis_set_module(cli, 3), -EINVAL);
@@ -774,12 +758,12 @@ START_TEST(test_module_detected)
 		ck_assert_int_eq(res.allowed, i < 3);
 	}
 	/* The script, or on Redis 7 the function library, which the connections found too. */
-	ck_assert_int_ge(calls_of("evalsha") + calls_of("eval") + calls_of("fcall"), 3);
+	ck_assert_int_ge(redis_calls_of("evalsha") + redis_calls_of("eval") + redis_calls_of("fcall"), 3);
 	/* The pooled blocking connections found the module too. */
 	ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, 0), 0);
 	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), 0);
 	ck_assert(!res.allowed);
-	ck_assert_int_eq(calls_of("tokenbucket.call"), 0);
+	ck_assert_int_eq(redis_calls_of("tokenbucket.call"), 0);
 	/* Forced onto a server without it: the server's error, nothing decided. */
 	ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_ALWAYS), 0);
 	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), -EPROTO);
