@@ -255,7 +255,7 @@ TOKENBUCKET_API int tokenbucket_redis_wait(struct tokenbucket_redis *r, const vo
  * the single-limit calls refuse it, and this call refuses a single
  * limit's value, with -EBADMSG, changing nothing.  Time and expiry as for
  * the other calls; the key expires a second after every limit is full.
- * Goes on a connection of its own even with pipelining.  When Redis
+ * Pipelined with the other calls when pipelining is on.  When Redis
  * cannot answer, the local fallback decides with a local bucket per limit
  * (res->flags TOKENBUCKET_RESULT_LOCAL), as for allow.  0, or -EINVAL:
  * limits or res NULL, count 0 or above TOKENBUCKET_SET_MAX, a bad rate;

@@ -41,8 +41,9 @@
 
 /* A waiting call, on its thread's stack until done is set. */
 struct breq {
-	const struct tokenbucket_redis_call *call;
+	const struct tokenbucket_redis_call *call; /* op TBR__OP_ALLOW_ALL: a tbr__call_all's */
 	struct tokenbucket_result res;
+	struct tokenbucket_set_result set_res;
 	struct tokenbucket_reservation rv;
 	double tokens;
 	int err;
@@ -153,6 +154,18 @@ static void loop_timer(void *data, int64_t ns)
 	b->timer_at = ns < 0 ? -1 : tokenbucket_now() + ns;
 }
 
+/* Gives q's answer, in its fields, to the thread that waits for it. */
+static void publish(struct breq *q)
+{
+	/*
+	 * Once done is 1 the waiter may return and its stack be reused: the
+	 * wake that follows may then land on an unrelated word, which only
+	 * makes a spurious wake-up there (every futex waiter checks its word).
+	 */
+	atomic_store_explicit(&q->done, 1, memory_order_release);
+	syscall(SYS_futex, &q->done, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+}
+
 static void answered(void *arg, int err, const struct tokenbucket_result *res,
 		     const struct tokenbucket_reservation *rv, double tokens)
 {
@@ -162,13 +175,29 @@ static void answered(void *arg, int err, const struct tokenbucket_result *res,
 		q->rv = *rv;
 	q->tokens = tokens;
 	q->err = err;
-	/*
-	 * Once done is 1 the waiter may return and its stack be reused: the
-	 * wake that follows may then land on an unrelated word, which only
-	 * makes a spurious wake-up there (every futex waiter checks its word).
-	 */
-	atomic_store_explicit(&q->done, 1, memory_order_release);
-	syscall(SYS_futex, &q->done, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
+	publish(q);
+}
+
+static void answered_all(void *arg, int err, const struct tokenbucket_set_result *res)
+{
+	struct breq *q = arg;
+	q->set_res = *res;
+	q->err = err;
+	publish(q);
+}
+
+/* Starts q's call on the engine: 0, or what the engine refused it with. */
+static int start(struct tbr__bridge *b, struct breq *q)
+{
+	const struct tokenbucket_redis_call *c = q->call;
+	if (c->op != TBR__OP_ALLOW_ALL)
+		return tokenbucket_redis_async_start(b->a, c, answered, q);
+	const struct tbr__call_all *all = tbr__call_all_of(c);
+	return (c->flags & TOKENBUCKET_REDIS_AT)
+		? tokenbucket_redis_async_allow_all_at(b->a, c->key, c->keylen, all->limits,
+						       all->count, c->now, c->n, answered_all, q)
+		: tokenbucket_redis_async_allow_all(b->a, c->key, c->keylen, all->limits,
+						    all->count, c->n, answered_all, q);
 }
 
 /* Starts every queued call on the engine, in the order they were pushed. */
@@ -191,10 +220,10 @@ static void take_queue(struct tbr__bridge *b)
 	tbr__async_batch_begin(b->a);
 	while (q != NULL) {
 		struct breq *next = q->next;
-		int err = tokenbucket_redis_async_start(b->a, q->call, answered, q);
+		int err = start(b, q);
 		if (err != 0) {
-			struct tokenbucket_result none = { 0 };
-			answered(q, err, &none, NULL, 0);
+			q->err = err;
+			publish(q);
 		}
 		q = next;
 	}
@@ -377,6 +406,12 @@ int tbr__bridge_call(struct tbr__bridge *b, const struct tokenbucket_redis_call 
 	while (atomic_load_explicit(&q.done, memory_order_acquire) == 0)
 		syscall(SYS_futex, &q.done, FUTEX_WAIT_PRIVATE, 0, NULL, NULL, 0);
 	/* As a blocking round trip: res only when the script answered (or the fallback). */
+	if (call->op == TBR__OP_ALLOW_ALL) {
+		struct tbr__call_all *all = tbr__call_all_of(call);
+		if (q.err == 0 && all->res != NULL)
+			*all->res = q.set_res;
+		return q.err;
+	}
 	bool answered_by_script = q.err == 0 || q.err == -ETIMEDOUT || q.err == -E2BIG ||
 				  q.err == -EOVERFLOW;
 	if (res != NULL && answered_by_script)

@@ -220,8 +220,7 @@ static int round_trip(struct tokenbucket_redis *r, struct tokenbucket_redis_call
 	/* A cluster that is down is unavailable at once to allow and reserve with a fallback. */
 	bool down_returns = tbr__fallback_down_returns(&r->fallback, call);
 	/* In a fork()ed child the I/O thread is gone: calls take the pool again. */
-	/* The bridge carries single calls only: allow_all goes on a connection of its own. */
-	int err = r->bridge != NULL && tbr__bridge_here(r->bridge) && call->op != TBR__OP_ALLOW_ALL
+	int err = r->bridge != NULL && tbr__bridge_here(r->bridge)
 		? tbr__bridge_call(r->bridge, call, res, rv, tokens)
 		  : r->cluster != NULL
 		? tbr__cluster_exchange(r->cluster, call, res, rv, tokens, down_returns)

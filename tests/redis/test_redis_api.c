@@ -330,19 +330,25 @@ END_TEST
 
 /* Pipelined: 8 threads, one connection, every grant exact. */
 static struct tokenbucket_redis *piped;
-static atomic_int piped_granted, piped_failed;
+static atomic_int piped_granted, piped_all_granted, piped_failed;
 
+/* Even threads: allow on "piped" (1000 in all); odd ones: allow_all on "piped-all" (600). */
 static void *piped_calls(void *arg)
 {
-	(void)arg;
-	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 1000 };
+	bool set = (intptr_t)arg % 2;
+	const struct tokenbucket_redis_limit fixed[2] = {
+		{ .tokens = 0, .period_ns = SEC, .burst = 1000 },
+		{ .tokens = 0, .period_ns = SEC, .burst = 600 },
+	};
 	for (int i = 0; i < 300; i++) {
 		struct tokenbucket_result res;
-		int err = tokenbucket_redis_allow(piped, KEY("piped"), &fixed, 1, &res);
+		struct tokenbucket_set_result all;
+		int err = set ? tokenbucket_redis_allow_all(piped, KEY("piped-all"), fixed, 2, 1, &all)
+			      : tokenbucket_redis_allow(piped, KEY("piped"), &fixed[0], 1, &res);
 		if (err != 0)
 			atomic_fetch_add(&piped_failed, 1);
-		else if (res.allowed)
-			atomic_fetch_add(&piped_granted, 1);
+		else if (set ? all.allowed : res.allowed)
+			atomic_fetch_add(set ? &piped_all_granted : &piped_granted, 1);
 	}
 	return NULL;
 }
@@ -355,15 +361,20 @@ START_TEST(test_pipelining_shares_one_connection)
 	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
 	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0); /* already */
 	atomic_store(&piped_granted, 0);
+	atomic_store(&piped_all_granted, 0);
 	atomic_store(&piped_failed, 0);
 	pthread_t t[8];
 	for (int i = 0; i < 8; i++)
-		ck_assert_int_eq(pthread_create(&t[i], NULL, piped_calls, NULL), 0);
+		ck_assert_int_eq(pthread_create(&t[i], NULL, piped_calls, (void *)(intptr_t)i), 0);
 	for (int i = 0; i < 8; i++)
 		pthread_join(t[i], NULL);
 	ck_assert_int_eq(atomic_load(&piped_failed), 0);
 	ck_assert_int_eq(atomic_load(&piped_granted), 1000);
-	/* One connection for all eight threads: with cli's and the admin's, three. */
+	ck_assert_int_eq(atomic_load(&piped_all_granted), 600);
+	/*
+	 * One connection for all eight threads, the several-limit calls
+	 * included: with cli's and the admin's, three.
+	 */
 	redisContext *a = server_admin(&srv);
 	ck_assert_ptr_nonnull(a);
 	redisReply *rep = redisCommand(a, "CLIENT LIST");
