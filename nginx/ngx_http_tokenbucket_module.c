@@ -22,7 +22,9 @@
  * memory.  A local zone of several rates ("rate=10r/s rate=1000r/h") keeps
  * a table per rate, side by side in its memory, and a request takes its
  * cost from every table or from none (tokenbucket_table_allow_all_at, or
- * a reservation per table where the zone must reserve).
+ * a reservation per table where the zone must reserve); a Redis zone of
+ * several rates keeps them in one key (tokenbucket_redis_async_allow_all)
+ * and decides last in its location, having nothing to give back.
  *
  * A Redis zone is decided by libtokenbucket-redis's asynchronous client,
  * one per zone in each worker (opened in init_process), driven by nginx's
@@ -448,16 +450,19 @@ static char *ngx_http_tokenbucket_redis_zone(ngx_conf_t *cf, ngx_http_tokenbucke
 				   "or full=", &z->name);
 		return NGX_CONF_ERROR;
 	}
-	if (z->nrates > 1) {
+	if (z->nrates > 1 && z->lease_window_ns != 0) {
 		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-				   "tokenbucket_zone \"%V\": a Redis zone takes one rate=", &z->name);
+				   "tokenbucket_zone \"%V\": lease= takes a zone of one rate=",
+				   &z->name);
 		return NGX_CONF_ERROR;
 	}
-	if (z->rate[0].burst > TOKENBUCKET_BURST_MAX) {
-		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
-				   "tokenbucket_zone \"%V\": invalid burst: above %uL", &z->name,
-				   (unsigned long long)TOKENBUCKET_BURST_MAX);
-		return NGX_CONF_ERROR;
+	for (ngx_uint_t t = 0; t < z->nrates; t++) {
+		if (z->rate[t].burst > TOKENBUCKET_BURST_MAX) {
+			ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+					   "tokenbucket_zone \"%V\": invalid burst: above %uL",
+					   &z->name, (unsigned long long)TOKENBUCKET_BURST_MAX);
+			return NGX_CONF_ERROR;
+		}
 	}
 	if (z->prefix.data == NULL) {
 		p = ngx_pnalloc(cf->pool, sizeof("tokenbucket::") - 1 + z->name.len);
@@ -891,6 +896,7 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 {
 	ngx_http_tokenbucket_conf_t *prev = parent, *conf = child;
 	ngx_http_tokenbucket_limit_t *l;
+	ngx_http_tokenbucket_zone_t *z;
 	ngx_uint_t i;
 
 	/* As limit_req: a level with no limit of its own takes its parent's. */
@@ -902,13 +908,27 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 	ngx_conf_merge_value(conf->headers, prev->headers, 1);
 	if (conf->limits != NULL) {
 		l = conf->limits->elts;
-		for (i = 0; i < conf->limits->nelts; i++)
-			if (l[i].shm_zone->data == NULL) {
+		for (i = 0; i < conf->limits->nelts; i++) {
+			z = l[i].shm_zone->data;
+			if (z == NULL) {
 				ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
 						   "tokenbucket: unknown zone \"%V\"",
 						   &l[i].shm_zone->shm.name);
 				return NGX_CONF_ERROR;
 			}
+			/*
+			 * Redis decides several rates at once only (allow_all: no
+			 * reservation to give back), so such a zone decides last.
+			 */
+			if (z->nseeds > 0 && z->nrates > 1 &&
+			    (i + 1 != conf->limits->nelts || l[i].delay != 0)) {
+				ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,
+						   "tokenbucket: the Redis zone \"%V\" of several "
+						   "rates must be the last limit, without delay=",
+						   &z->name);
+				return NGX_CONF_ERROR;
+			}
+		}
 	}
 	return NGX_CONF_OK;
 }
@@ -1388,6 +1408,21 @@ static void ngx_http_tokenbucket_reply(void *arg, int err, const struct tokenbuc
 	ngx_free(p);
 }
 
+/* The reply of a Redis zone of several rates (tokenbucket_redis_async_allow_all). */
+static void ngx_http_tokenbucket_reply_all(void *arg, int err,
+					   const struct tokenbucket_set_result *set)
+{
+	struct tokenbucket_result res = {
+		.allowed = set->allowed,
+		.flags = set->flags,
+		.limit = set->limit,
+		.remaining = set->remaining,
+		.retry_after_ns = set->retry_after_ns,
+		.reset_after_ns = set->reset_after_ns,
+	};
+	ngx_http_tokenbucket_reply(arg, err, &res, NULL, 0);
+}
+
 static void ngx_http_tokenbucket_resume(ngx_event_t *ev)
 {
 	ngx_http_request_t *r = ev->data;
@@ -1442,7 +1477,19 @@ static int ngx_http_tokenbucket_ask(ngx_http_request_t *r, ngx_http_tokenbucket_
 	p->r = r;
 	p->ctx = ctx;
 	p->engine = e;
-	rc = tokenbucket_redis_async_start(e->async, &call, ngx_http_tokenbucket_reply, p);
+	if (z->nrates > 1) {
+		/* The location's last limit, without delay (merge_conf): all rates or none. */
+		struct tokenbucket_redis_limit lim[NGX_HTTP_TB_RATES_MAX];
+		for (ngx_uint_t t = 0; t < z->nrates; t++)
+			lim[t] = (struct tokenbucket_redis_limit){ z->rate[t].tokens,
+								   z->rate[t].period_ns,
+								   z->rate[t].burst };
+		rc = tokenbucket_redis_async_allow_all(e->async, call.key, call.keylen, lim,
+						       z->nrates, call.n,
+						       ngx_http_tokenbucket_reply_all, p);
+	} else {
+		rc = tokenbucket_redis_async_start(e->async, &call, ngx_http_tokenbucket_reply, p);
+	}
 	if (rc != 0) {
 		ngx_free(p);
 		return rc;

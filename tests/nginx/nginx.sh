@@ -463,6 +463,7 @@ redis-share)
 	tokenbucket_zone zone=rr1 $r rate=1r/min burst=2;
 	tokenbucket_zone zone=rr2 $r rate=1r/min burst=3;
 	tokenbucket_zone zone=rs $r rate=6r/min burst=1;
+	tokenbucket_zone zone=q2 $r rate=1r/s burst=10 rate=6r/min;
 	tokenbucket_zone zone=perkey keys=1024 rate=1r/min burst=3;
 	tokenbucket_zone zone=l1 keys=1024 rate=1r/min burst=1;"
 	locs="
@@ -483,6 +484,11 @@ redis-share)
 			tokenbucket zone=rr1 key=\$http_x_key;
 		}
 		location /rr2/ { tokenbucket zone=rr2 key=\$http_x_key; }
+		location /flood/ { tokenbucket zone=q2 key=\$http_x_key; }
+		location /open/ {
+			tokenbucket zone=perkey key=\$http_x_key;
+			tokenbucket zone=q2 key=\$http_x_key;
+		}
 		location /slow/ { tokenbucket zone=rs key=\$http_x_key delay=500ms; }"
 	two_nginx "$zones" "$locs" a
 	both_clients /a/ 150 20000 "X-Key: shared"
@@ -516,6 +522,20 @@ redis-share)
 	check "2 of 4 granted by rr2 then rr1" test "$(get /rr/ 4 0 "X-Key: k4" | count 200)" = 2
 	check "rr2 got the refused requests' tokens back: 1 left" \
 		test "$(get /rr2/ 2 0 "X-Key: k4" | awk '{ printf "%s,", $2 }')" = "200,429,"
+	# A zone of two rates in one Redis key: the quota of 6 binds, on both nginx.
+	out=$(get /flood/ 10 0 "X-Key: q1")
+	check "q2: the quota binds, 6 of 10" test "$(count 200 <<<"$out")" = 6
+	check "q2: the refusal names the quota (remaining 0, Retry-After within [1, 10])" \
+		test "$(tail -1 <<<"$out" | awk '{ print $3 }')" = 0 -a \
+		"$(tail -1 <<<"$out" | awk '{ print $4 }')" -ge 1 -a "$(tail -1 <<<"$out" | awk '{ print $4 }')" -le 10
+	check "q2: both rates in one value" test "$(rcli get tokenbucket:q2:q1 | cut -c1-5)" = "tbs1 "
+	check "q2: nginx b sees the quota spent" \
+		test "$("$client" "$port2" 1 0 /flood/ "X-Key: q1" | count 429)" = 1
+	# perkey then q2: q2's refusals give perkey's tokens back.
+	get /flood/ 6 0 "X-Key: k5" >/dev/null
+	check "k5: q2's quota spent, /open/ refused" test "$(get /open/ 2 0 "X-Key: k5" | count 200)" = 0
+	check "k5: perkey got its tokens back: 3 granted" \
+		test "$(get /a-only/ 4 0 "X-Key: k5" | count 200)" = 3
 	check_delays "11 requests delayed through Redis"
 	out=$(get /slow/ 2 0 "X-Key: s1")
 	check "a wait beyond the bound is refused" \
@@ -667,8 +687,13 @@ config)
 		tokenbucket_zone 'rate=5r/s' '4 rates at most'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=2 burst=3;" "" \
 		tokenbucket_zone '"z"' 'more burst= than rate='
-	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s rate=1r/h;" "" \
-		tokenbucket_zone '"r"' 'a Redis zone takes one rate='
+	r2="tokenbucket_zone zone=r2 redis=redis://127.0.0.1:1 rate=1r/s rate=1r/h;"
+	bad "$r2 $z" "location / { tokenbucket zone=r2 key=\$http_x_key; tokenbucket zone=z key=a; }" \
+		tokenbucket '"r2"' 'must be the last limit, without delay='
+	bad "$r2" "location / { tokenbucket zone=r2 key=\$http_x_key delay=1s; }" \
+		tokenbucket '"r2"' 'must be the last limit, without delay='
+	bad "tokenbucket_zone zone=r redis=redis://a rate=1r/s rate=1r/h lease=1s;" "" \
+		tokenbucket_zone '"r"' 'lease= takes a zone of one rate='
 	bad "tokenbucket_zone zone=r redis=http://x rate=1r/s;" "" tokenbucket_zone 'redis=http://x'
 	bad "tokenbucket_zone zone=r cluster=redis://a:1,,redis://b:2 rate=1r/s;" "" \
 		tokenbucket_zone 'cluster=redis://a:1,,redis://b:2' 'empty address'
