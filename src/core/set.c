@@ -24,29 +24,15 @@
 /* Reads of the tail a give-back makes, waiting for it to come back to its ticket. */
 #define UNDO_SPINS 64
 
-/* -EINVAL for a set no call accepts: NULL, empty, too long, a NULL or repeated bucket. */
-static int check_set(struct tokenbucket *const *set, size_t count)
+/*
+ * -EINVAL for a set no call accepts: NULL, empty, too long, a NULL or
+ * repeated bucket; then, with n (not NULL), -E2BIG if some bucket of
+ * finite rate could never hold *n.  One pass: a set's call pays it.
+ */
+static inline __attribute__((always_inline)) int check_set_for(struct tokenbucket *const *set,
+							      size_t count, const uint64_t *n)
 {
 	if (set == NULL || count == 0 || count > TOKENBUCKET_SET_MAX)
-		return -EINVAL;
-	for (size_t i = 0; i < count; i++) {
-		if (set[i] == NULL)
-			return -EINVAL;
-		for (size_t j = 0; j < i; j++)
-			if (set[j] == set[i])
-				return -EINVAL;
-	}
-	return 0;
-}
-
-/*
- * The checks of a call that takes n, in one pass: -EINVAL for no output
- * (has_out) or a set check_set refuses, else -E2BIG if some bucket of
- * finite rate could never hold n.
- */
-static int check_take(bool has_out, struct tokenbucket *const *set, size_t count, uint64_t n)
-{
-	if (!has_out || set == NULL || count == 0 || count > TOKENBUCKET_SET_MAX)
 		return -EINVAL;
 	int err = 0;
 	for (size_t i = 0; i < count; i++) {
@@ -55,11 +41,22 @@ static int check_take(bool has_out, struct tokenbucket *const *set, size_t count
 		for (size_t j = 0; j < i; j++)
 			if (set[j] == set[i])
 				return -EINVAL;
-		if (n > atomic_load_explicit(&set[i]->burst, memory_order_relaxed) &&
+		if (n != NULL && *n > atomic_load_explicit(&set[i]->burst, memory_order_relaxed) &&
 		    !tb__unlimited(set[i]))
 			err = -E2BIG;
 	}
 	return err;
+}
+
+static int check_set(struct tokenbucket *const *set, size_t count)
+{
+	return check_set_for(set, count, NULL);
+}
+
+/* The checks of a call that takes n: its output (has_out), the set, then n. */
+static int check_take(bool has_out, struct tokenbucket *const *set, size_t count, uint64_t n)
+{
+	return has_out ? check_set_for(set, count, &n) : -EINVAL;
 }
 
 /*

@@ -165,6 +165,11 @@ get() {
 	"$client" "$port" "$n" "$us" "$path" "$@"
 }
 count() { awk -v s="$1" '$2 == s { n++ } END { print n + 0 }'; }
+# response PATH KEY: one request's whole response, headers included, raw.
+response() {
+	printf 'GET %s HTTP/1.1\r\nHost: x\r\nX-Key: %s\r\nConnection: close\r\n\r\n' "$1" "$2" |
+		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3"
+}
 not_in_log() { ! grep -qE "$1" "$prefix/error.log"; }
 
 # reload_nginx ZONES LOCATIONS: a reload (SIGHUP) to the configuration with
@@ -265,8 +270,7 @@ basic)
 	check "refused with 429" test "$(tail -1 <<<"$out" | awk '{ print $2 }')" = 429
 	retry=$(tail -1 <<<"$out" | awk '{ print $4 }')
 	check "Retry-After $retry within (0, 10]" test "$retry" -ge 1 -a "$retry" -le 10
-	hdrs=$(printf 'GET /slow/ HTTP/1.1\r\nHost: x\r\nX-Key: h2\r\nConnection: close\r\n\r\n' |
-		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3")
+	hdrs=$(response /slow/ h2)
 	check "RateLimit-Limit is the burst" grep -q $'^RateLimit-Limit: 2\r$' <<<"$hdrs"
 	check "RateLimit-Reset present" grep -q '^RateLimit-Reset: [0-9]' <<<"$hdrs"
 	out=$(get /dry/ 4 0 "X-Key: d")
@@ -320,8 +324,7 @@ rates)
 	check "granted first, then refused" test "$(awk '{ printf "%s", $2 == 200 ? "+" : "-" }' <<<"$out")" = "++++++----"
 	retry=$(tail -1 <<<"$out" | awk '{ print $4 }')
 	check "Retry-After $retry: the quota's next token, within [1, 10]" test "$retry" -ge 1 -a "$retry" -le 10
-	hdrs=$(printf 'GET /a/ HTTP/1.1\r\nHost: x\r\nX-Key: q1\r\nConnection: close\r\n\r\n' |
-		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3")
+	hdrs=$(response /a/ q1)
 	check "the refusal names the quota: RateLimit-Limit 6" grep -q $'^RateLimit-Limit: 6\r$' <<<"$hdrs"
 	check "the pace binds: 2 of 5" test "$(get /b/ 5 0 "X-Key: p1" | count 200)" = 2
 	check "q3 through two and gate: gate's burst of 2" \
@@ -500,8 +503,7 @@ redis-share)
 	check "no errors" test "$(awk '$2 != 200 && $2 != 429' <<<"$all" | wc -l)" = 0
 	check "the key is in Redis under the zone's prefix" \
 		test "$(rcli exists tokenbucket:g:shared)" = 1
-	hdrs=$(printf 'GET /a/ HTTP/1.1\r\nHost: x\r\nX-Key: h\r\nConnection: close\r\n\r\n' |
-		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3")
+	hdrs=$(response /a/ h)
 	check "RateLimit-Limit is the burst" grep -q $'^RateLimit-Limit: 10\r$' <<<"$hdrs"
 	check "RateLimit-Remaining 9" grep -q $'^RateLimit-Remaining: 9\r$' <<<"$hdrs"
 	# A table, then Redis: a refusal by Redis takes nothing from the table.
