@@ -1148,7 +1148,8 @@ static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_red
 	o->done = done;
 	o->set_done = set_done;
 	o->arg = arg;
-	o->slot = tbr__slot(o->key, keylen);
+	/* Its node's slot, for a cluster's routing only (CRC16 of the key). */
+	o->slot = a->cluster != NULL ? tbr__slot(o->key, keylen) : 0;
 	o->last_err = -ETIME;
 	o->deadline = tokenbucket_now() + a->timeout_ns;
 	o->prev = a->tail;
