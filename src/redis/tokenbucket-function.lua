@@ -2,37 +2,44 @@
 --
 -- libtokenbucket-redis as a Redis 7 function library: the script
 -- (tokenbucket.lua), unchanged, as the local function script(KEYS, ARGV),
--- and in front of it this file, which decides the call the client makes
--- most, allow on the server's clock asking for integers (ARGV[8] "1"), as
--- the script's common case decides it, and hands every other call to the
--- script.  The build writes the library: a "#!lua name=tokenbucket_<hash>"
--- line, the script wrapped as that function, this file, and the
--- registration of the function of the library's name (tokenbucket-redis(7),
--- THE FUNCTION; docs/redis.md, "The function library").
+-- and in front of it this file, which decides the calls the client makes
+-- most, allow and allow_all on the server's clock asking for integers
+-- (ARGV[8] "1", allow_all's last argument "1"), as the script's common
+-- cases decide them, and hands every other call to the script.  The
+-- build writes the library: a "#!lua name=tokenbucket_<hash>" line, the
+-- script wrapped as that function, this file, and the registration of the
+-- function of the library's name (tokenbucket-redis(7), THE FUNCTION;
+-- docs/redis.md, "The function library").
 --
 -- What a function has that a script has not is state kept from call to
 -- call, in this chunk's locals.  It keeps only what is a pure function of
 -- strings it was given, so that every answer is the one the script gives
 -- (the lua differential runs both on the same steps):
 --   cfgs[tokens][period][burst]  the configuration read and checked,
---                                { p, q, burst, "tokens period burst" } or
---                                false (the script decides the call)
+--                                { p, q, burst, "tokens period burst",
+--                                gcd(p, q) } or false (the script
+--                                decides the call)
 --   nss[n]                       n read and checked, or false
 --   secs[s]                      TIME's seconds read (the last one only)
 --   msm[ms]                      an expiry in ms as the decimal SET takes
 --   mv, m1 .. m5                 the last stored value read or written and
 --                                what it says: clock (m1, m2), level, rem,
 --                                configuration text
+--   av, ah, al, an, at           the same for allow_all's "tbs1" values
+--                                (at allow_all's path below)
 -- Each table is bounded: past 256 entries it starts again empty.  So the
 -- common call checks no pattern and reads no number from a string but
 -- TIME's microseconds, and on a hot key does not parse the value it wrote
 -- the call before.  The arithmetic is the script's common case, line for
--- line; a value is written with one format of two integers and one
--- concatenation.  A call handed to the script after TIME and GET has
+-- line (allow_all's also takes the spans past 2^53 that gcd(p, q) brings
+-- back below it, as the script's does); a value is written with one
+-- format of two integers and one concatenation, a "tbs1" value with one
+-- format.  A call handed to the script after TIME and GET has
 -- written nothing: the script reads both again and decides it at its own
 -- TIME, as if it came a few microseconds later.
 
-local find, match, format, fmod -- bound at the first call: a library's load sees no "string"
+local find, match, format, fmod, unpk -- bound at the first call: a library's load sees no "string"
+local wide -- %d writes every integer below 2^53 (a C long of 64 bits); set with them
 local LIM = 9007199254740992 -- 2^53
 local BIL = 1000000000
 local cfgs, ncfgs = {}, 0
@@ -49,7 +56,12 @@ local function config(a, b, u)
 	if find(cfg, "^[1-9]%d* [1-9]%d* [1-9]%d*$") then
 		local p, q, sb = a + 0, b + 0, u + 0
 		if p < 1e15 and q < 1e15 and sb < 1e15 then
-			c = { p, q, sb, cfg }
+			-- g: gcd(p, q), for allow_all's longer spans
+			local g, r = p, q
+			while r > 0 do
+				g, r = r, fmod(g, r)
+			end
+			c = { p, q, sb, cfg, g }
 		end
 	end
 	if ncfgs >= 256 then
@@ -67,6 +79,28 @@ local function config(a, b, u)
 	end
 	t2[u] = c
 	ncfgs = ncfgs + 1
+	return c
+end
+
+local function bind()
+	find, match, format, fmod, unpk = string.find, string.match, string.format, math.fmod, unpack
+	wide = format("%d", 9007199254740991) == "9007199254740991"
+end
+
+-- config's answer, memoized or now.  configured, span, later and clock
+-- serve allow_all; the single allow keeps the same lines inline (and its
+-- wait fused), as the four calls add 16 to its 240 Lua instructions on
+-- a hot key (lua5.1's count hook), 1% to 3% of the server's instructions
+-- per call (bench/redis/script-cost --instructions), about its noise.
+local function configured(a, b, u)
+	local c = cfgs[a]
+	c = c and c[b]
+	if c then
+		c = c[u]
+	end
+	if c == nil then
+		c = config(a, b, u)
+	end
 	return c
 end
 
@@ -108,6 +142,50 @@ local function parse(stored)
 	return true
 end
 
+-- The least w with w p >= d q - rem, d > 0: the ns until d more tokens
+-- are there (below 2^53), or 2^53 past what doubles hold exactly.  fmod
+-- is exact, and so then is the division of what it leaves.
+local function span(d, p, q, rem)
+	local x = d * q - rem
+	if x >= LIM then
+		return LIM
+	end
+	local m = fmod(x, p)
+	local w = (x - m) / p
+	if m > 0 then
+		w = w + 1
+	end
+	return w
+end
+
+-- w ns from (th, tl), or -1 if that is at or past INT64_MAX (never).
+local function later(w, th, tl)
+	local wr = fmod(w, BIL)
+	local h, lo = th + (w - wr) / BIL, tl + wr
+	if lo >= BIL then
+		h, lo = h + 1, lo - BIL
+	end
+	if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
+		return -1
+	end
+	return w
+end
+
+-- The server's clock as (th, tl): whole seconds from 1 on, and ns, below
+-- INT64_MAX, and TIME's reply; nil for any other.
+local function clock()
+	local tm = redis.call("TIME")
+	local th = secs[tm[1]]
+	if not th then
+		th = seconds(tm[1])
+	end
+	local tl = tm[2] * 1000
+	if th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >= 854775807) then
+		return nil
+	end
+	return th, tl, tm
+end
+
 -- The least w with w p >= d q - rem, d > 0: the ns from (th, tl) until d
 -- more tokens are there; -1 if that is at or past INT64_MAX (never), false
 -- past what doubles hold exactly.  fmod is exact, and so then is the
@@ -143,12 +221,221 @@ local function msstr(ms)
 	return s
 end
 
-local function call(KEYS, ARGV)
-	if ARGV[8] ~= "1" or ARGV[1] ~= "allow" or ARGV[2] ~= "" or #ARGV ~= 8 or #KEYS ~= 1 then
+-- allow_all's own path: as the script's common case for allow_all, on the
+-- server's clock asking for integers (a last argument "1").  Kept from
+-- call to call as the single path keeps its value: av the last value
+-- read or written ("tbs1 ..."), ah, al its clock, an its number of
+-- limits, and at its words as the value's format takes them: the clock's
+-- text at[1], then level, rem and configuration text of limit i at
+-- at[3i-1 .. 3i+1].  Per call, without allocating: cs[i] the
+-- configuration of limit i, v[2i-1 .. 2i] its level and rem at the
+-- call's time.
+local av, ah, al, an
+local at, cs, v = {}, {}, {}
+
+-- The formats of a value of m limits, "tbs1 %s" then " %d %d %s" (fmtd) or
+-- " %.0f %.0f %s" (fmtf) per limit.
+local fmtd, fmtf = {}, {}
+local function fmts(m)
+	fmtd[m] = "tbs1 %s" .. string.rep(" %d %d %s", m)
+	fmtf[m] = "tbs1 %s" .. string.rep(" %.0f %.0f %s", m)
+	return fmtd[m]
+end
+
+-- A "tbs1" value as the script's common case reads it, kept as the last
+-- one; false for one it leaves to the general path.
+local function parse_all(stored)
+	av = nil
+	local sh, sl, pos = match(stored, "^tbs1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)()")
+	if not sh then
+		return false
+	end
+	local h0, l0 = sh + 0, sl + 0
+	if h0 > 9223372036 or (h0 == 9223372036 and l0 >= 854775807) then
+		return false
+	end
+	local i, len = 1, #stored
+	while pos <= len do
+		local l, r, c, e = match(stored, "^ (%d+) (%d+) ([1-9]%d* [1-9]%d* [1-9]%d*)()", pos)
+		if not l or #l > 15 or #r > 15 or i > 48 then
+			return false
+		end
+		at[i + 1], at[i + 2], at[i + 3], i, pos = l + 0, r + 0, c, i + 3, e
+	end
+	at[1] = sh .. sl
+	av, ah, al, an = stored, h0, l0, (i - 1) / 3
+	return true
+end
+
+local function all(KEYS, ARGV)
+	local nargs = #ARGV
+	if ARGV[nargs] ~= "1" or ARGV[2] ~= "" or #KEYS ~= 1 or nargs % 3 ~= 1 or nargs < 7
+		or nargs > 52 then
 		return script(KEYS, ARGV)
 	end
 	if not find then
-		find, match, format, fmod = string.find, string.match, string.format, math.fmod
+		bind()
+	end
+	local n = nss[ARGV[3]]
+	if n == nil then
+		n = count(ARGV[3])
+	end
+	if not n then
+		return script(KEYS, ARGV)
+	end
+	local m = (nargs - 4) / 3
+	for i = 1, m do
+		local j = 3 * i
+		local c = configured(ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
+		if not c or n > c[3] then
+			return script(KEYS, ARGV)
+		end
+		cs[i] = c
+	end
+	local key = KEYS[1]
+	local th, tl, tm = clock()
+	if not th then
+		return script(KEYS, ARGV)
+	end
+	-- Each limit at t = max(now, clock), ts the clock's text when t is
+	-- the clock; short: the first limit holding less than n.
+	local stored = redis.call("GET", key)
+	local ts, short
+	if stored then
+		if stored ~= av and not parse_all(stored) then
+			return script(KEYS, ARGV)
+		end
+		if an ~= m then
+			return script(KEYS, ARGV)
+		end
+		if th < ah or (th == ah and tl < al) then
+			th, tl, ts = ah, al, at[1]
+		end
+		local dh = th - ah
+		if dh >= 9007198 then
+			return script(KEYS, ARGV)
+		end
+		local dt = dh * BIL + (tl - al)
+		for i = 1, m do
+			local c, k = cs[i], 3 * i
+			local lv, rem, p, q, sb = at[k - 1], at[k], c[1], c[2], c[3]
+			if at[k + 1] ~= c[4] or rem >= q or lv > sb then
+				return script(KEYS, ARGV)
+			end
+			local x = dt * p + rem
+			local got
+			if x < LIM then
+				rem = fmod(x, q)
+				got = (x - rem) / q
+			else
+				-- Past 2^53 (10^9 an hour does it in 9 ms), with g = gcd(p, q)
+				-- and rem = g r1 + r0, r0 < g: the tokens are those of
+				-- dt p/g + r1 per q/g, and the new rem g times what that
+				-- leaves, plus r0.
+				local g = c[5]
+				local r0 = fmod(rem, g)
+				local qg = q / g
+				x = dt * (p / g) + (rem - r0) / g
+				if x >= LIM then
+					return script(KEYS, ARGV)
+				end
+				local r1 = fmod(x, qg)
+				got, rem = (x - r1) / qg, r1 * g + r0
+			end
+			if lv < sb then
+				lv = lv + got
+				if lv > sb then
+					lv = sb
+				end
+			end
+			if not short and lv < n then
+				short = i
+			end
+			v[2 * i - 1], v[2 * i] = lv, rem
+		end
+	else
+		-- A new key: every limit full, at now (and so never short).
+		for i = 1, m do
+			local c = cs[i]
+			v[2 * i - 1], v[2 * i], at[3 * i + 1] = c[3], 0, c[4]
+		end
+	end
+	-- Taken from all or from none; index: the first limit short of n, or
+	-- if taken the one left with the fewest (low); w the latest wait for
+	-- n, wf until every limit is full, in ns from t.  Taken, each limit's
+	-- level and rem go into at at once: from here on a call handed to the
+	-- script forgets at.
+	local index, low, w, wf = short, nil, 0, 0
+	for i = 1, m do
+		local c, k = cs[i], 2 * i
+		local lv, rem, sb = v[k - 1], v[k], c[3]
+		if not short then
+			lv = lv - n
+			at[k + i - 1], at[k + i] = lv, rem
+			if not low or lv < low then
+				index, low = i, lv
+			end
+		elseif lv < n then
+			local d = span(n - lv, c[1], c[2], rem)
+			if d > w then
+				w = d
+			end
+		end
+		if lv < sb then
+			local d = span(sb - lv, c[1], c[2], rem)
+			if d > wf then
+				wf = d
+			end
+		end
+	end
+	-- A span past what doubles hold, or t + wf (the latest time of all, wf
+	-- >= w) at or past INT64_MAX: the script says it.
+	if wf >= LIM or later(wf, th, tl) < 0 then
+		av = nil
+		return script(KEYS, ARGV)
+	end
+	-- Refused on the server's clock: nothing to write.
+	if short then
+		return { 0, index - 1, v[2 * index - 1], w, wf }
+	end
+	if not ts then
+		-- TIME's microseconds, without leading zeros, to 9 digits.
+		local us = tm[2]
+		local k = #us
+		ts = tm[1] .. (k == 6 and "" or k == 5 and "0" or k == 4 and "00" or k == 3 and "000"
+			or k == 2 and "0000" or "00000") .. us .. "000"
+	end
+	-- The value in one format, from at, which so becomes what parse_all
+	-- would read from it (if its clock has 19 digits): %d where a C long
+	-- holds every number.
+	local small = true
+	if not wide then
+		for i = 1, m do
+			if v[2 * i - 1] >= 2147483648 or v[2 * i] >= 2147483648 then
+				small = false
+			end
+		end
+	end
+	at[1] = ts
+	local f = fmtd[m] or fmts(m)
+	local value = format(small and f or fmtf[m], unpk(at, 1, 3 * m + 1))
+	av, ah, al, an = th >= 1000000000 and value or nil, th, tl, m
+	-- ns up, to ms, a second more
+	local ms = (wf + 999999) / 1000000
+	ms = ms - ms % 1 + 1000
+	redis.call("SET", key, value, "PX", msm[ms] or msstr(ms))
+	return { 1, index - 1, low, 0, wf }
+end
+
+local function call(KEYS, ARGV)
+	if ARGV[8] ~= "1" or ARGV[1] ~= "allow" or ARGV[2] ~= "" or #ARGV ~= 8 or #KEYS ~= 1 then
+		if ARGV[1] == "allow_all" then
+			return all(KEYS, ARGV)
+		end
+		return script(KEYS, ARGV)
+	end
+	if not find then
+		bind()
 	end
 	local a, b, u = ARGV[3], ARGV[4], ARGV[5]
 	local c = cfgs[a]

@@ -32,21 +32,38 @@ do
 	general = assert(loadstring(string.sub(src, 1, i) .. "local quick = false\n"
 		.. string.sub(src, j + 1), "=general"))
 end
-local library
+local library, fscript
 if arg[2] == "--function" and arg[3] then
 	local f = assert(io.open(arg[3]))
-	library = assert(loadstring(string.gsub(f:read("*a"), "^#![^\n]*", ""), "=library"))
+	local text = f:read("*a")
 	f:close()
+	library = assert(loadstring(string.gsub(text, "^#![^\n]*", ""), "=library"))
+	local at = string.find(text, "\nlocal function script%(KEYS, ARGV%)\n")
+	if not at then
+		io.stderr:write("driver-set.lua: no script function in ", arg[3], "\n")
+		os.exit(1)
+	end
+	fscript = select(2, string.gsub(string.sub(text, 1, at), "\n", "")) + 1
+
 elseif arg[2] then
 	io.stderr:write("usage: lua5.1 driver-set.lua SCRIPT [--function LIBRARY] < steps\n")
 	os.exit(2)
 end
-local stores, store = { {}, {}, {}, {}, {}, {} }, nil
+local stores, store = { {}, {}, {}, {}, {}, {}, {}, {} }, nil
 local compacts = 0
 local clock = { "1700000000", "0" }
+-- GETs made during a step by the function library's own code and by its
+-- script (the function defined at line watch of the library): a step with
+-- only the former was decided by the library's path.
+local watch, own, others, fast = false, 0, 0, 0
 redis = {
 	call = function(cmd, k, v, px, ms)
 		if cmd == "GET" then
+			if watch and debug.getinfo(2, "S").linedefined ~= watch then
+				own = own + 1
+			elseif watch then
+				others = others + 1
+			end
 			return store[k] and store[k].value or false
 		elseif cmd == "SET" then
 			store[k] = { value = v, px = px and (px .. " " .. ms) or "" }
@@ -118,6 +135,16 @@ local function until_(t, now)
 	return string.format("%d%09d", h, l)
 end
 
+-- An integers reply c the same as r, which may be the same or decimal.
+local function same_reply(c, r)
+	if #c == 5 and #r == 6 then
+		return not r.err and c[1] == r[1] and c[2] == r[2] and c[3] == tonumber(r[4])
+			and until_(r[5], r[3]) == string.format("%.0f", c[4])
+			and until_(r[6], r[3]) == string.format("%.0f", c[5])
+	end
+	return (c.err or table.concat(c, " ")) == (r.err or table.concat(r, " "))
+end
+
 local function summary(r, k)
 	local got = r.err and ("error " .. r.err) or table.concat(r, " ")
 	local st = store[k]
@@ -163,11 +190,9 @@ for line in io.lines() do
 	local same = (s1 and s1.value .. " " .. s1.px or "nil") == (s6 and s6.value .. " " .. s6.px or "nil")
 	if same and #c == 5 then
 		compacts = compacts + 1
-		same = not r.err and c[1] == r[1] and c[2] == r[2] and c[3] == tonumber(r[4])
-			and until_(r[5], r[3]) == string.format("%.0f", c[4])
-			and until_(r[6], r[3]) == string.format("%.0f", c[5])
-	elseif same then
-		same = summary(c, k) == summary(r, k)
+	end
+	if same then
+		same = same_reply(c, r)
 	end
 	if not same then
 		io.stderr:write("integers and decimals differ at step ", steps, ":\n  ", line,
@@ -223,7 +248,67 @@ for line in io.lines() do
 				line, "\n  script   ", a, "\n  function ", b, "\n  general  ", c, "\n")
 			os.exit(1)
 		end
+		-- And asking for integers, as the client does, every step on the
+		-- server's clock (its time to the microsecond below, where it is
+		-- 1 s or more): the library's own path where it can, the script's
+		-- store exactly and the script's reply (in integers where it is
+		-- in decimals and the library's path decided the step).
+		argv[#argv + 1] = "1"
+		s, u = string.match(now, "^([1-9]%d*)(%d%d%d%d%d%d)%d%d%d$")
+		if s then
+			argv[2], clock = "", { s, tostring(tonumber(u)) }
+		end
+		store = stores[7]
+		local sr = script()
+		local d = summary(sr, k)
+		store = stores[8]
+		watch, own, others = fscript, 0, 0
+		local fr = fcall({ k }, argv)
+		local e = summary(fr, k)
+		watch = false
+		if own > 0 and others == 0 then
+			fast = fast + 1
+		end
+		-- The same store; the same reply, or in integers where the
+		-- library's own path decides what the script's general path did.
+		local s7, s8 = stores[7][k], stores[8][k]
+		if (s7 and s7.value .. " " .. s7.px or "nil") ~= (s8 and s8.value .. " " .. s8.px or "nil")
+			or not same_reply(fr, sr) then
+			io.stderr:write("script and function differ in integers at step ", steps, ":\n  ",
+				line, "\n  script   ", d, "\n  function ", e, "\n")
+			os.exit(1)
+		end
 		fsteps = fsteps + 1
+	end
+end
+-- A stored fraction that is no multiple of gcd(tokens, period), which no
+-- writer makes from a new key but a value may hold, past 2^53 ns·tokens
+-- since its clock: the library's own path, the script and its general
+-- path, the same.
+if fcall then
+	local value = "tbs1 1700000000000000000 999999000 1234567 1000000000 3600000000000 1000000000"
+		.. " 3 1 10 1000000000 10"
+	local argv = { "allow_all", "", "1", "1000000000", "3600000000000", "1000000000", "10",
+		"1000000000", "10", "1" }
+	clock = { "1700000000", "20000" }
+	stores[7].g, stores[8].g = { value = value, px = "" }, { value = value, px = "" }
+	store, KEYS, ARGV = stores[7], { "g" }, argv
+	local sr = script()
+	store = stores[8]
+	watch, own, others = fscript, 0, 0
+	local fr = fcall({ "g" }, argv)
+	watch = false
+	stores[9] = { g = { value = value, px = "" } }
+	store = stores[9]
+	local gr = general()
+	if stores[7].g.value .. stores[7].g.px ~= stores[8].g.value .. stores[8].g.px
+		or stores[7].g.value .. stores[7].g.px ~= stores[9].g.value .. stores[9].g.px
+		or not same_reply(fr, sr) or not same_reply(sr, gr) or own == 0 or others ~= 0 then
+		io.stderr:write("script and function differ on a fraction past a gcd:\n  script   ",
+			sr.err or table.concat(sr, " "), " | ", stores[7].g.value, "\n  function ",
+			fr.err or table.concat(fr, " "), " | ", stores[8].g.value, "\n  general  ",
+			gr.err or table.concat(gr, " "), " | ", stores[9].g.value, "\n")
+		os.exit(1)
 	end
 end
 local nk = 0
@@ -232,9 +317,10 @@ for _ in pairs(keys) do
 end
 print(string.format("lua differential of allow_all: %d steps in %d sequences (%d taken, %d "
 	.. "refused), no difference; %d decided by the common case, each the same with it off, "
-	.. "%d replied in integers; the function library the same on %d", steps, nk, allowed,
-	refused, common, compacts, fsteps))
-if allowed == 0 or refused == 0 or common == 0 then
-	io.stderr:write("no step was taken, none refused, or none decided by the common case\n")
+	.. "%d replied in integers; the function library the same on %d, %d of them in integers "
+	.. "decided by its own path", steps, nk, allowed, refused, common, compacts, fsteps, fast))
+if allowed == 0 or refused == 0 or common == 0 or (fcall and fast == 0) then
+	io.stderr:write("no step was taken, none refused, none decided by the common case, or "
+		.. "none by the function library's own path\n")
 	os.exit(1)
 end
