@@ -1408,11 +1408,11 @@ static void ngx_http_tokenbucket_reply(void *arg, int err, const struct tokenbuc
 	ngx_free(p);
 }
 
-/* The reply of a Redis zone of several rates (tokenbucket_redis_async_allow_all). */
-static void ngx_http_tokenbucket_reply_all(void *arg, int err,
-					   const struct tokenbucket_set_result *set)
+/* A set's report as one limit's: the rate that refused, or the one with the fewest tokens. */
+static ngx_inline struct tokenbucket_result ngx_http_tokenbucket_result_of(
+	const struct tokenbucket_set_result *set)
 {
-	struct tokenbucket_result res = {
+	return (struct tokenbucket_result){
 		.allowed = set->allowed,
 		.flags = set->flags,
 		.limit = set->limit,
@@ -1420,6 +1420,13 @@ static void ngx_http_tokenbucket_reply_all(void *arg, int err,
 		.retry_after_ns = set->retry_after_ns,
 		.reset_after_ns = set->reset_after_ns,
 	};
+}
+
+/* The reply of a Redis zone of several rates (tokenbucket_redis_async_allow_all). */
+static void ngx_http_tokenbucket_reply_all(void *arg, int err,
+					   const struct tokenbucket_set_result *set)
+{
+	struct tokenbucket_result res = ngx_http_tokenbucket_result_of(set);
 	ngx_http_tokenbucket_reply(arg, err, &res, NULL, 0);
 }
 
@@ -1545,14 +1552,7 @@ static int ngx_http_tokenbucket_allow_local(ngx_http_tokenbucket_zone_t *z, int6
 	}
 	if (rc != 0)
 		return rc;
-	*res = (struct tokenbucket_result){
-		.allowed = set.allowed,
-		.flags = set.flags,
-		.limit = set.limit,
-		.remaining = set.remaining,
-		.retry_after_ns = set.retry_after_ns,
-		.reset_after_ns = set.reset_after_ns,
-	};
+	*res = ngx_http_tokenbucket_result_of(&set);
 	return 0;
 }
 
