@@ -87,22 +87,10 @@ local function bind()
 	wide = format("%d", 9007199254740991) == "9007199254740991"
 end
 
--- config's answer, memoized or now.  configured, span, later and clock
--- serve allow_all; the single allow keeps the same lines inline (and its
--- wait fused), as the four calls add 16 to its 240 Lua instructions on
--- a hot key (lua5.1's count hook), 1% to 3% of the server's instructions
--- per call (bench/redis/script-cost --instructions), about its noise.
-local function configured(a, b, u)
-	local c = cfgs[a]
-	c = c and c[b]
-	if c then
-		c = c[u]
-	end
-	if c == nil then
-		c = config(a, b, u)
-	end
-	return c
-end
+-- span, later and clock serve allow_all's refusals and rarer cases; the
+-- single allow and allow_all's granted path keep the same lines inline,
+-- as each call adds about 8 Lua instructions to the 240 of a hot key's
+-- allow (lua5.1's count hook).
 
 -- n: digits, at most 15 of them (the script takes more, with leading
 -- zeros, and decides such a call itself).
@@ -228,10 +216,11 @@ end
 -- limits, and at its words as the value's format takes them: the clock's
 -- text at[1], then level, rem and configuration text of limit i at
 -- at[3i-1 .. 3i+1].  Per call, without allocating: cs[i] the
--- configuration of limit i, v[2i-1 .. 2i] its level and rem at the
--- call's time.
+-- configuration of limit i, and nat, at's twin, the words of the value
+-- the call would write (each limit at the call's time, n taken), which
+-- becomes at when it is written; a refused call leaves at as it was.
 local av, ah, al, an
-local at, cs, v = {}, {}, {}
+local at, nat, cs = {}, {}, {}
 
 -- The formats of a value of m limits, "tbs1 %s" then " %d %d %s" (fmtd) or
 -- " %.0f %.0f %s" (fmtf) per limit.
@@ -286,7 +275,15 @@ local function all(KEYS, ARGV)
 	local m = (nargs - 4) / 3
 	for i = 1, m do
 		local j = 3 * i
-		local c = configured(ARGV[j + 1], ARGV[j + 2], ARGV[j + 3])
+		local a, b, u = ARGV[j + 1], ARGV[j + 2], ARGV[j + 3]
+		local c = cfgs[a]
+		c = c and c[b]
+		if c then
+			c = c[u]
+		end
+		if c == nil then
+			c = config(a, b, u)
+		end
 		if not c or n > c[3] then
 			return script(KEYS, ARGV)
 		end
@@ -297,10 +294,10 @@ local function all(KEYS, ARGV)
 	if not th then
 		return script(KEYS, ARGV)
 	end
-	-- Each limit at t = max(now, clock), ts the clock's text when t is
-	-- the clock; short: the first limit holding less than n.
+	-- t = max(now, clock), ts the clock's text when t is the clock; dt
+	-- the ns from the clock to t, nil for a new key.
 	local stored = redis.call("GET", key)
-	local ts, short
+	local ts, dt
 	if stored then
 		if stored ~= av and not parse_all(stored) then
 			return script(KEYS, ARGV)
@@ -315,10 +312,19 @@ local function all(KEYS, ARGV)
 		if dh >= 9007198 then
 			return script(KEYS, ARGV)
 		end
-		local dt = dh * BIL + (tl - al)
-		for i = 1, m do
-			local c, k = cs[i], 3 * i
-			local lv, rem, p, q, sb = at[k - 1], at[k], c[1], c[2], c[3]
+		dt = dh * BIL + (tl - al)
+	end
+	-- Each limit at t (a new key's full) with n taken, into nat; short
+	-- the first limit that holds less than n.  Until one is short: index
+	-- and low the limit left with the fewest and what it holds, wf the
+	-- latest time until a limit is full, in ns from t.
+	local short, index, low, wf = nil, nil, nil, 0
+	for i = 1, m do
+		local c, k = cs[i], 3 * i
+		local p, q, sb = c[1], c[2], c[3]
+		local lv, rem = sb, 0
+		if dt then
+			lv, rem = at[k - 1], at[k]
 			if at[k + 1] ~= c[4] or rem >= q or lv > sb then
 				return script(KEYS, ARGV)
 			end
@@ -348,56 +354,67 @@ local function all(KEYS, ARGV)
 					lv = sb
 				end
 			end
-			if not short and lv < n then
-				short = i
-			end
-			v[2 * i - 1], v[2 * i] = lv, rem
 		end
-	else
-		-- A new key: every limit full, at now (and so never short).
-		for i = 1, m do
-			local c = cs[i]
-			v[2 * i - 1], v[2 * i], at[3 * i + 1] = c[3], 0, c[4]
-		end
-	end
-	-- Taken from all or from none; index: the first limit short of n, or
-	-- if taken the one left with the fewest (low); w the latest wait for
-	-- n, wf until every limit is full, in ns from t.  Taken, each limit's
-	-- level and rem go into at at once: from here on a call handed to the
-	-- script forgets at.
-	local index, low, w, wf = short, nil, 0, 0
-	for i = 1, m do
-		local c, k = cs[i], 2 * i
-		local lv, rem, sb = v[k - 1], v[k], c[3]
-		if not short then
-			lv = lv - n
-			at[k + i - 1], at[k + i] = lv, rem
+		lv = lv - n
+		nat[k - 1], nat[k], nat[k + 1] = lv, rem, c[4]
+		if lv < 0 then
+			short = short or i
+		elseif not short then
 			if not low or lv < low then
 				index, low = i, lv
 			end
-		elseif lv < n then
-			local d = span(n - lv, c[1], c[2], rem)
-			if d > w then
-				w = d
-			end
-		end
-		if lv < sb then
-			local d = span(sb - lv, c[1], c[2], rem)
-			if d > wf then
-				wf = d
+			if lv < sb then
+				-- span(sb - lv, p, q, rem), inline
+				local y = (sb - lv) * q - rem
+				if y >= LIM then
+					wf = LIM
+				else
+					local r = fmod(y, p)
+					local d = (y - r) / p
+					if r > 0 then
+						d = d + 1
+					end
+					if d > wf then
+						wf = d
+					end
+				end
 			end
 		end
 	end
-	-- A span past what doubles hold, or t + wf (the latest time of all, wf
-	-- >= w) at or past INT64_MAX: the script says it.
-	if wf >= LIM or later(wf, th, tl) < 0 then
-		av = nil
+	-- Refused: nothing taken, nothing written; w the latest wait for n, wf
+	-- until every limit is full, from the levels before the take.
+	if short then
+		local w
+		w, wf = 0, 0
+		for i = 1, m do
+			local c, k = cs[i], 3 * i
+			local lv, rem, sb = nat[k - 1] + n, nat[k], c[3]
+			if lv < n then
+				local d = span(n - lv, c[1], c[2], rem)
+				if d > w then
+					w = d
+				end
+			end
+			if lv < sb then
+				local d = span(sb - lv, c[1], c[2], rem)
+				if d > wf then
+					wf = d
+				end
+			end
+		end
+		-- A span past what doubles hold, or t + wf (the latest time of
+		-- all, wf >= w) at or past INT64_MAX: the script says it.  wf is
+		-- below 2^53 ns (9007200 s), so only a clock from 9214364836 s on
+		-- can reach it.
+		if wf >= LIM or (th >= 9214364836 and later(wf, th, tl) < 0) then
+			return script(KEYS, ARGV)
+		end
+		return { 0, short - 1, nat[3 * short - 1] + n, w, wf }
+	end
+	if wf >= LIM or (th >= 9214364836 and later(wf, th, tl) < 0) then
 		return script(KEYS, ARGV)
 	end
-	-- Refused on the server's clock: nothing to write.
-	if short then
-		return { 0, index - 1, v[2 * index - 1], w, wf }
-	end
+	at, nat = nat, at
 	if not ts then
 		-- TIME's microseconds, without leading zeros, to 9 digits.
 		local us = tm[2]
@@ -411,14 +428,22 @@ local function all(KEYS, ARGV)
 	local small = true
 	if not wide then
 		for i = 1, m do
-			if v[2 * i - 1] >= 2147483648 or v[2 * i] >= 2147483648 then
+			if at[3 * i - 1] >= 2147483648 or at[3 * i] >= 2147483648 then
 				small = false
 			end
 		end
 	end
 	at[1] = ts
-	local f = fmtd[m] or fmts(m)
-	local value = format(small and f or fmtf[m], unpk(at, 1, 3 * m + 1))
+	local value
+	if m == 2 then
+		-- Two limits, the common set: the numbers by format, the texts
+		-- joined (format's %s copies each through sprintf).
+		local f = small and " %d %d " or " %.0f %.0f "
+		value = "tbs1 " .. ts .. format(f, at[2], at[3]) .. at[4] .. format(f, at[5], at[6]) .. at[7]
+	else
+		local f = fmtd[m] or fmts(m)
+		value = format(small and f or fmtf[m], unpk(at, 1, 3 * m + 1))
+	end
 	av, ah, al, an = th >= 1000000000 and value or nil, th, tl, m
 	-- ns up, to ms, a second more
 	local ms = (wf + 999999) / 1000000
