@@ -103,6 +103,7 @@ struct seen {
 	struct tb__view v;
 	int64_t at;
 	int64_t level;
+	tb__u128 rem; /* F(at) mod q, the fine units short of a token (0 if not producing) */
 	bool have;
 };
 
@@ -124,8 +125,12 @@ static int take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max
 				.ticket = ticket,
 				.reserved = gen | SET_MARK,
 			};
+			/* tb__head_at's production, its remainder kept for the wait until full. */
+			tb__u128 fine = tb__fine_at(&seen->v, at);
+			tb__u128 whole = tb__whole(&seen->v, fine);
 			seen->at = at;
-			seen->level = tb__level(tb__head_at(&seen->v, head, at), ticket);
+			seen->rem = fine - whole * seen->v.q;
+			seen->level = tb__level(head + seen->v.hoff + (uint64_t)whole, ticket);
 			seen->have = true;
 			return 0;
 		}
@@ -240,6 +245,58 @@ static int take_all(struct tokenbucket *const *set, size_t count, int64_t now, u
 	return 0;
 }
 
+/*
+ * The latest of the buckets' times until full after an allowed set whose
+ * takes all saw their levels: what folding tb__result's reset_after_ns
+ * over them gives, with one exact division (the ceiling by p) for the
+ * bucket found latest and for any other a double cannot tell from it,
+ * instead of one per bucket.  A bucket's wait is ceil(x / p), x = j q -
+ * rem fine units (tb__time_of); the ceiling is monotonic, so the largest
+ * x / p has the largest wait.  An estimate is within 2^-51 of x / p, so
+ * one below the largest by more than 2^-40 of it cannot be the latest.
+ */
+static int64_t latest_full(const struct seen *seen, const uint64_t *burst, size_t count)
+{
+	tb__u128 x[TOKENBUCKET_SET_MAX];
+	uint64_t p[TOKENBUCKET_SET_MAX];
+	double est[TOKENBUCKET_SET_MAX];
+	size_t m = 0, top = 0;
+	for (size_t i = 0; i < count; i++) {
+		int64_t level = tb__capped_level(seen[i].level, burst[i]);
+		if (level >= (int64_t)burst[i])
+			continue;
+		const struct tb__view *v = &seen[i].v;
+		if (v->kind != TB__FINITE || v->p == 0 || v->q == 0 || v->origin == TB__NO_TIME)
+			return TOKENBUCKET_NEVER;
+		int64_t at = seen[i].at;
+		uint64_t j = burst[i] - (uint64_t)level;
+		tb__u128 need = (tb__u128)j * v->q - seen[i].rem;
+		/* NEVER when the wait reaches TOKENBUCKET_NEVER - at or NEVER itself. */
+		uint64_t lim = (uint64_t)TOKENBUCKET_NEVER - (uint64_t)at;
+		if (lim > (uint64_t)TOKENBUCKET_NEVER)
+			lim = (uint64_t)TOKENBUCKET_NEVER;
+		if (lim == 0 || need >= (tb__u128)(lim - 1) * v->p + 1)
+			return TOKENBUCKET_NEVER;
+		x[m] = need;
+		p[m] = v->p;
+		est[m] = (need >> 64 ? (double)need : (double)(uint64_t)need) / (double)v->p;
+		if (est[m] > est[top])
+			top = m;
+		m++;
+	}
+	if (m == 0)
+		return 0;
+	tb__u128 best = tb__div(x[top] + p[top] - 1, p[top]);
+	for (size_t k = 0; k < m; k++) {
+		if (k == top || est[k] * (1 + 0x1p-40) < est[top])
+			continue;
+		tb__u128 w = tb__div(x[k] + p[k] - 1, p[k]);
+		if (w > best)
+			best = w;
+	}
+	return (int64_t)best;
+}
+
 int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count, int64_t now,
 			     uint64_t n, struct tokenbucket_set_result *res)
 {
@@ -265,6 +322,28 @@ int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count, int64
 	bool allowed = refused == count;
 	struct tokenbucket_set_result out = { .allowed = allowed, .index = refused };
 	uint64_t fewest = UINT64_MAX;
+	if (allowed) {
+		/* Every take saw its level: the waits until full in one pass. */
+		uint64_t burst[TOKENBUCKET_SET_MAX];
+		size_t i = 0;
+		for (; i < count && seen[i].have; i++) {
+			burst[i] = atomic_load_explicit(&set[i]->burst, memory_order_relaxed);
+			int64_t level = tb__capped_level(seen[i].level, burst[i]);
+			struct tokenbucket_result one = {
+				.allowed = true,
+				.limit = burst[i],
+				.remaining = level > 0 ? (uint64_t)level : 0,
+			};
+			tb__set_fold(&out, i, refused, &one, &fewest);
+		}
+		if (i == count) {
+			out.reset_after_ns = latest_full(seen, burst, count);
+			*res = out;
+			return 0;
+		}
+		out = (struct tokenbucket_set_result){ .allowed = allowed, .index = refused };
+		fewest = UINT64_MAX;
+	}
 	for (size_t i = 0; i < count; i++) {
 		struct tokenbucket_result one;
 		/* Allowed, a fast take already saw the level just after it. */

@@ -425,6 +425,70 @@ static int twin_reserve(struct tokenbucket **twin, int64_t now, uint64_t n, int6
 	return 0;
 }
 
+/*
+ * An allowed set reports as reset_after_ns the latest of its buckets'
+ * own times until full (each bucket's allow_result of 0 tokens, which
+ * takes nothing), over rates from one token in years to 2^40 a ns and
+ * bursts to 2^40: the set finds that latest bucket without dividing for
+ * the others, and must never pick another.
+ */
+START_TEST(allowed_reset_is_the_latest_bucket)
+{
+	uint64_t rnd = 0x2545f4914f6cdd1du;
+	uint64_t checked = 0, distinct = 0;
+	for (int round = 0; round < 400; round++) {
+		struct tokenbucket *set[4];
+		struct tokenbucket_limit first_lim = { 0 };
+		uint64_t least = UINT64_MAX; /* the least burst: n never passes it */
+		size_t count = 2 + (size_t)(next_random(&rnd) % 3);
+		for (size_t i = 0; i < count; i++) {
+			struct tokenbucket_limit lim = {
+				.tokens = 1 + (next_random(&rnd) >> (next_random(&rnd) % 40 + 24)),
+				.period_ns = (int64_t)(1 + (next_random(&rnd) >> (next_random(&rnd) % 63 + 1))),
+				.burst = 1 + (next_random(&rnd) >> (next_random(&rnd) % 40 + 24)),
+			};
+			/* Every other round, two buckets of one rate: ties. */
+			if (lim.burst < least)
+				least = lim.burst;
+			if (i == 0) {
+				first_lim = lim;
+			} else if (round & 1) {
+				lim.tokens = first_lim.tokens;
+				lim.period_ns = first_lim.period_ns;
+			}
+			ck_assert_int_eq(tokenbucket_create_limit(&set[i], &lim, 0), 0);
+		}
+		int64_t now = T0;
+		for (int step = 0; step < 50; step++) {
+			/* Steps below 2^56 ns: 50 of them stay far below INT64_MAX. */
+			now += (int64_t)(next_random(&rnd) % (1 + (next_random(&rnd) >> (next_random(&rnd) % 56 + 8))));
+			uint64_t n = next_random(&rnd) % (least < 4 ? least + 1 : 4);
+			struct tokenbucket_set_result res;
+			ck_assert_int_eq(tokenbucket_allow_all_at(set, count, now, n, &res), 0);
+			if (!res.allowed)
+				continue;
+			int64_t latest = 0, first = -1;
+			for (size_t i = 0; i < count; i++) {
+				struct tokenbucket_result one;
+				ck_assert_int_eq(tokenbucket_allow_result_at(set[i], now, 0, &one), 0);
+				if (one.reset_after_ns > latest)
+					latest = one.reset_after_ns;
+				if (first < 0)
+					first = one.reset_after_ns;
+				else if (one.reset_after_ns != first)
+					distinct++;
+			}
+			ck_assert_int_eq(res.reset_after_ns, latest);
+			checked++;
+		}
+		for (size_t i = 0; i < count; i++)
+			tokenbucket_free(set[i]);
+	}
+	ck_assert_uint_gt(checked, 5000);
+	ck_assert_uint_gt(distinct, 1000);
+}
+END_TEST
+
 START_TEST(sequential_matches_single_calls)
 {
 	struct tokenbucket *set[3], *twin[3];
@@ -776,6 +840,7 @@ Suite *set_suite(void)
 	tcase_add_test(tc, every_errno);
 	tcase_add_test(tc, shared_buckets);
 	tcase_add_test(tc, sequential_matches_single_calls);
+	tcase_add_test(tc, allowed_reset_is_the_latest_bucket);
 	suite_add_tcase(s, tc);
 	TCase *w = tcase_create("set-wait");
 	tcase_set_timeout(w, 30);
