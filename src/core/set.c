@@ -246,9 +246,9 @@ static int take_all(struct tokenbucket *const *set, size_t count, int64_t now, u
 }
 
 /*
- * The latest of the buckets' times until full after an allowed set whose
- * takes all saw their levels: what folding tb__result's reset_after_ns
- * over them gives, with one exact division (the ceiling by p) for the
+ * The latest of the times until full of an allowed set's buckets whose
+ * takes saw their levels (seen[i].have): what folding tb__result's
+ * reset_after_ns over them gives, with one exact division (the ceiling by p) for the
  * bucket found latest and for any other a double cannot tell from it,
  * instead of one per bucket.  A bucket's wait is ceil(x / p), x = j q -
  * rem fine units (tb__time_of); the ceiling is monotonic, so the largest
@@ -262,6 +262,8 @@ static int64_t latest_full(const struct seen *seen, const uint64_t *burst, size_
 	double est[TOKENBUCKET_SET_MAX];
 	size_t m = 0, top = 0;
 	for (size_t i = 0; i < count; i++) {
+		if (!seen[i].have)
+			continue; /* reported by tb__report, its wait folded there */
 		int64_t level = tb__capped_level(seen[i].level, burst[i]);
 		if (level >= (int64_t)burst[i])
 			continue;
@@ -322,41 +324,32 @@ int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count, int64
 	bool allowed = refused == count;
 	struct tokenbucket_set_result out = { .allowed = allowed, .index = refused };
 	uint64_t fewest = UINT64_MAX;
-	if (allowed) {
-		/* Every take saw its level: the waits until full in one pass. */
-		uint64_t burst[TOKENBUCKET_SET_MAX];
-		size_t i = 0;
-		for (; i < count && seen[i].have; i++) {
+	uint64_t burst[TOKENBUCKET_SET_MAX];
+	for (size_t i = 0; i < count; i++) {
+		struct tokenbucket_result one;
+		/*
+		 * Allowed, a fast take already saw the level just after it; its
+		 * wait until full is left to latest_full, below.
+		 */
+		if (allowed && seen[i].have) {
 			burst[i] = atomic_load_explicit(&set[i]->burst, memory_order_relaxed);
 			int64_t level = tb__capped_level(seen[i].level, burst[i]);
-			struct tokenbucket_result one = {
+			one = (struct tokenbucket_result){
 				.allowed = true,
 				.limit = burst[i],
 				.remaining = level > 0 ? (uint64_t)level : 0,
 			};
-			tb__set_fold(&out, i, refused, &one, &fewest);
-		}
-		if (i == count) {
-			out.reset_after_ns = latest_full(seen, burst, count);
-			*res = out;
-			return 0;
-		}
-		out = (struct tokenbucket_set_result){ .allowed = allowed, .index = refused };
-		fewest = UINT64_MAX;
-	}
-	for (size_t i = 0; i < count; i++) {
-		struct tokenbucket_result one;
-		/* Allowed, a fast take already saw the level just after it. */
-		if (allowed && seen[i].have) {
-			uint64_t burst = atomic_load_explicit(&set[i]->burst, memory_order_relaxed);
-			tb__result(&seen[i].v, seen[i].at, n, burst, true,
-				   tb__capped_level(seen[i].level, burst), &one);
 		} else if (tb__report(set[i], n, allowed, &one)) {
 			if (allowed)
 				give_back_all(set, count, now, r);
 			return -EBADMSG;
 		}
 		tb__set_fold(&out, i, refused, &one, &fewest);
+	}
+	if (allowed) {
+		int64_t full = latest_full(seen, burst, count);
+		if (full > out.reset_after_ns)
+			out.reset_after_ns = full;
 	}
 	*res = out;
 	return 0;
