@@ -26,7 +26,7 @@
 /* The adapter's own state and callbacks (tbr__libevent*): not part of the API. */
 
 /*
- * One descriptor the client watches (one per server it talks to).  Reading
+ * One descriptor the client watches (one per connection it has).  Reading
  * and writing are two events: the write interest comes and goes with every
  * batch of calls, and so costs one epoll_ctl each way, not a delete and an
  * add of the descriptor.

@@ -26,7 +26,7 @@
 
 /* The adapter's own state and callbacks (tbr__libuv*): not part of the API. */
 
-/* One descriptor the client watches (one per server it talks to). */
+/* One descriptor the client watches (one per connection it has). */
 struct tbr__libuv_fd {
 	uv_poll_t poll; /* first: the handle's address is this struct's */
 	struct tbr__libuv *s;

@@ -115,10 +115,10 @@ TOKENBUCKET_API int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r,
 TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share);
 
 /*
- * Since 1.2.  enable 1: the blocking calls of every thread share one
- * connection per server, written together and answered in order by an
+ * Since 1.2.  enable 1: the blocking calls of every thread share a few
+ * connections per server, written together and answered in order by an
  * I/O thread of the client's (auto-pipelining), so threads no longer need
- * a connection each; a call's errors, timeout, fallback and redirections
+ * a connection each (up to tokenbucket_redis_set_connections per server); a call's errors, timeout, fallback and redirections
  * are those of tokenbucket_redis_async_start.  enable 0 (the default):
  * each call in flight has a pooled connection of its own.  Like the
  * other set_* functions, not concurrently with calls.  The I/O thread
@@ -126,6 +126,22 @@ TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, 
  * -ENOMEM, -EAGAIN (no thread), -EMFILE.
  */
 TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
+
+/*
+ * Since 1.2.  How many connections per server the asynchronous clients
+ * made from r and its pipelining may use: 1 to
+ * TOKENBUCKET_REDIS_CONNECTIONS_MAX, TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT
+ * until set.  A server's first connection opens with its first call;
+ * another opens only while every one is busy, so a quiet client keeps
+ * one.  A call goes on the connection with the fewest calls in flight,
+ * except that the calls of one key in flight together share one
+ * connection, so a key's calls are decided in the order they were
+ * started.  Applies to the calls started after it; connections already
+ * open stay until they close.  0, or -EINVAL: r NULL, count out of range.
+ */
+#define TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT 4
+#define TOKENBUCKET_REDIS_CONNECTIONS_MAX 64
+TOKENBUCKET_API int tokenbucket_redis_set_connections(struct tokenbucket_redis *r, int count);
 
 /*
  * Which command decides (1.2).  Every connection asks its server once, when
@@ -491,8 +507,8 @@ typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbuc
 /*
  * Since 1.2.  An asynchronous client on r's server or cluster: same
  * address (or seeds and slot map), timeouts, key prefix and local fallback
- * as r, with connections of its own (one per server) driven by loop
- * (copied).  r must outlive it; r's blocking calls go on working beside
+ * as r, with connections of its own (up to
+ * tokenbucket_redis_set_connections per server) driven by loop (copied).  r must outlive it; r's blocking calls go on working beside
  * it.  The async client belongs to the loop's thread: its functions must
  * not run concurrently with each other.  Made from a Sentinel client, it
  * asks the sentinels itself, without blocking, while its calls wait.
@@ -515,10 +531,12 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
  * blocking call would return: the result of the script, -ETIME past the
  * command timeout, a connection's error, a decision of the local fallback
  * for ALLOW and RESERVE; on a cluster MOVED, ASK, CLUSTERDOWN and TRYAGAIN
- * are followed as by the blocking call.  Calls are pipelined, one
- * connection per server; a connection that times out or fails takes every
- * call on it with it, as the blocking call's connection would.  A CANCEL of a reservation the
- * fallback made goes to tokenbucket_redis_cancel instead.  0, or before
+ * are followed as by the blocking call.  Calls are pipelined on a
+ * few connections per server (tokenbucket_redis_set_connections); calls
+ * of one key in flight together share one and are decided in the order
+ * started; a connection that times out or fails takes every call on it
+ * with it, as the blocking call's connection would.  A CANCEL of a
+ * reservation the fallback made goes to tokenbucket_redis_cancel instead.  0, or before
  * anything starts (done is then not called): -EINVAL (a NULL pointer, a
  * bad call), -ERANGE, -ENOMEM.
  */

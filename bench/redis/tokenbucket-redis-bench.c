@@ -280,6 +280,10 @@ int main(int argc, char **argv)
 							       ? TOKENBUCKET_REDIS_MODULE_ALWAYS
 							       : TOKENBUCKET_REDIS_MODULE_NEVER) != 0)
 		return 1;
+	/* TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K: connections per server (tokenbucket_redis_set_connections). */
+	const char *conns = getenv("TOKENBUCKET_REDIS_BENCH_CONNECTIONS");
+	if (conns != NULL && tokenbucket_redis_set_connections(r, atoi(conns)) != 0)
+		return 1;
 	if (piped && tokenbucket_redis_set_pipelining(r, 1) != 0)
 		return 1;
 	struct worker *w = calloc((size_t)inflight, sizeof(*w));

@@ -1,9 +1,19 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * The asynchronous client: calls pipelined on non-blocking hiredis
- * connections (one per server: one for a one-server client, one per node
- * of a cluster) that the caller's event loop drives through
+ * connections (up to `connections` per server: of a one-server client,
+ * of each node of a cluster) that the caller's event loop drives through
  * struct tokenbucket_redis_loop (watch descriptors, arm one timer).
+ *
+ * A server's first connection is opened by its first call; another is
+ * opened beside them only when a call finds every one ready and busy,
+ * none being made, and goes on the ready one with the fewest calls in
+ * flight.  On one connection the client and the server take turns (the
+ * server idles while the client reads a frame of replies and writes the
+ * next); on several their work overlaps.  A key's calls in flight
+ * together stay on one connection (pins: a count per hash of the key), so
+ * one key's calls are decided in the order they were started, as on one
+ * connection.
  *
  * Every call started is an op in a list kept in start order; an op leaves
  * it only when its callback has run, so each callback runs exactly once.
@@ -77,6 +87,8 @@
 #define REFRESH_GAP_NS INT64_C(10000000)
 /* A node whose connection failed this recently is not asked for the map. */
 #define SUSPECT_NS INT64_C(1000000000)
+/* Pins: a power of two, so that 5000 calls in flight leave most of them free. */
+#define PINS 4096u
 /* The least time between the starts of two rounds of questions to the sentinels. */
 #define ASK_GAP_NS INT64_C(20000000)
 /* While calls flow, how often a Sentinel client checks that its server is still the primary named. */
@@ -100,6 +112,15 @@ struct conn {
 	bool function;         /* ac's server has the function library */
 	bool function_loading; /* a FUNCTION LOAD is on ac, its reply not read yet */
 	int drop_err;          /* the error of the ops on an ac we free, or 0 */
+	bool spare;            /* opened beside a ready one, not ready yet: no op is on it */
+	uint32_t index;        /* in a->conns */
+	size_t inflight;       /* ops bound to it (sent on ac, answers not yet read) */
+};
+
+/* The connection the calls in flight of the keys hashed here are on. */
+struct pin {
+	uint32_t count; /* such calls */
+	uint32_t conn;  /* its index in a->conns, while count > 0 */
 };
 
 struct op {
@@ -126,8 +147,10 @@ struct op {
 	bool module;        /* sent as TOKENBUCKET.CALL */
 	bool function;      /* sent as FCALL */
 	bool demoted;       /* answered READONLY once (a Sentinel client) */
+	bool pinned;        /* counted in a->pins[pin] */
 	int redirects;
 	unsigned slot;
+	uint32_t pin;       /* the key's hash, modulo PINS */
 	struct tokenbucket_redis_limit limits[]; /* an allow_all's, copied */
 };
 
@@ -140,8 +163,11 @@ struct tokenbucket_redis_async {
 	size_t prefixlen;
 	struct tbr__fallback *fallback; /* or NULL */
 	const _Atomic int *module;     /* TOKENBUCKET_REDIS_MODULE_*, or NULL: _AUTO */
-	struct conn **conns;
+	const _Atomic int *connections; /* per server, at most; or NULL: 1 */
+	struct conn **conns;           /* every node's, in no order; freed at close only */
 	size_t nconns;
+	struct pin *pins;              /* PINS of them once more than one connection is allowed */
+	int64_t spare_after;           /* no spare connection is opened before (one failed) */
 	struct op *head, *tail;
 	size_t nwaiting;       /* ops not sent (conn NULL): the scans below skip when 0 */
 	int64_t timer_ns;      /* the timer as last armed (-1: disarmed) */
@@ -174,11 +200,31 @@ struct tokenbucket_redis_async {
 	int64_t ask_after;     /* the next round starts no sooner */
 };
 
-/* Binds o to connection c (NULL: waiting again), keeping the count of waiting ops. */
+/*
+ * Binds o to connection c (NULL: waiting again), keeping the count of
+ * waiting ops, each connection's count in flight and the pins.
+ */
 static void bind_op(struct op *o, struct conn *c)
 {
+	struct tokenbucket_redis_async *a = o->a;
 	if ((o->conn == NULL) != (c == NULL))
-		o->a->nwaiting += c == NULL ? 1 : (size_t)-1;
+		a->nwaiting += c == NULL ? 1 : (size_t)-1;
+	if (o->conn != NULL) {
+		o->conn->inflight--;
+		if (o->pinned)
+			a->pins[o->pin].count--;
+		o->pinned = false;
+	}
+	if (c != NULL) {
+		c->inflight++;
+		struct pin *p = a->pins != NULL ? &a->pins[o->pin] : NULL;
+		if (p != NULL && p->count == 0)
+			p->conn = c->index;
+		if (p != NULL && p->conn == c->index) {
+			p->count++;
+			o->pinned = true;
+		}
+	}
 	o->conn = c;
 }
 
@@ -216,13 +262,30 @@ static void ev_del_read(void *p) { want(p, 0, TOKENBUCKET_REDIS_READ); }
 static void ev_add_write(void *p) { want_write(p, true); }
 static void ev_del_write(void *p) { want_write(p, false); }
 
-/* hiredis frees the connection (after failing its callbacks): nothing is watched any more. */
+/*
+ * hiredis frees the connection (after failing its callbacks): nothing is
+ * watched any more.  A spare that never became ready (refused, or closed
+ * by a server at its maxclients) holds the next spare back a while.
+ */
 static void ev_cleanup(void *p)
 {
 	struct conn *c = p;
 	want(c, 0, TOKENBUCKET_REDIS_READ | TOKENBUCKET_REDIS_WRITE);
+	if (c->spare)
+		c->a->spare_after = tokenbucket_now() + SUSPECT_NS;
 	c->ac = NULL;
-	c->ready = c->dying = c->loading = false;
+	c->ready = c->dying = c->loading = c->spare = false;
+}
+
+/*
+ * c may carry calls: its setup is answered.  A spare waits for the last
+ * of its setup's replies, so one its server closes at once never gets a
+ * call.
+ */
+static void set_ready(struct conn *c)
+{
+	c->ready = true;
+	c->spare = false;
 }
 
 /*
@@ -551,12 +614,11 @@ static void send_op(struct op *o, struct conn *c)
 	o->err = err;
 }
 
-/* The connection to n, made when first needed; NULL when out of memory. */
-static struct conn *conn_of(struct tokenbucket_redis_async *a, struct tbr__node *n)
+/* A new connection to n, not open yet; NULL when out of memory. */
+static struct conn *conn_new(struct tokenbucket_redis_async *a, struct tbr__node *n)
 {
-	for (size_t i = 0; i < a->nconns; i++)
-		if (a->conns[i]->node == n)
-			return a->conns[i];
+	if (a->nconns >= UINT32_MAX)
+		return NULL;
 	struct conn **more = realloc(a->conns, (a->nconns + 1) * sizeof(*more));
 	if (more == NULL)
 		return NULL;
@@ -567,8 +629,72 @@ static struct conn *conn_of(struct tokenbucket_redis_async *a, struct tbr__node 
 	c->a = a;
 	c->node = n;
 	c->fd = -1;
+	c->index = (uint32_t)a->nconns;
 	a->conns[a->nconns++] = c;
 	return c;
+}
+
+static int conn_open(struct conn *c, bool spare);
+
+/* How many connections per server the client may have now (1 to TOKENBUCKET_REDIS_CONNECTIONS_MAX). */
+static unsigned connections(struct tokenbucket_redis_async *a)
+{
+	int k = a->connections != NULL ? atomic_load_explicit(a->connections, memory_order_relaxed) : 1;
+	if (k <= 1)
+		return 1;
+	if (a->pins == NULL)
+		a->pins = calloc(PINS, sizeof(*a->pins));
+	return a->pins != NULL ? (unsigned)k : 1; /* no memory for pins: one, so order holds */
+}
+
+/*
+ * The connection o goes on to reach n: the one its key's calls in flight
+ * are on; else the ready one with the fewest calls in flight, a spare
+ * opened beside it when every ready one is busy; else one being made or
+ * closing (o waits for it), else a closed one (send_waiting opens it).
+ * NULL when out of memory.
+ */
+static struct conn *conn_of(struct tokenbucket_redis_async *a, const struct op *o,
+			    struct tbr__node *n)
+{
+	unsigned k = connections(a);
+	if (a->pins != NULL && a->pins[o->pin].count > 0) {
+		struct conn *c = a->conns[a->pins[o->pin].conn];
+		if (c->node == n && c->ac != NULL && !c->dying)
+			return c;
+	}
+	struct conn *best = NULL, *making = NULL, *dying = NULL, *closed = NULL;
+	unsigned live = 0;
+	for (size_t i = 0; i < a->nconns; i++) {
+		struct conn *c = a->conns[i];
+		if (c->node != n)
+			continue;
+		if (c->ac == NULL) {
+			closed = closed != NULL ? closed : c;
+		} else if (c->dying) {
+			dying = dying != NULL ? dying : c;
+		} else {
+			live++;
+			if (!c->ready)
+				making = making != NULL ? making : c;
+			else if (best == NULL || c->inflight < best->inflight)
+				best = c;
+		}
+	}
+	if (best == NULL) {
+		struct conn *c = making != NULL ? making : dying != NULL ? dying : closed;
+		return c != NULL ? c : conn_new(a, n);
+	}
+	if (best->inflight > 0 && making == NULL && live < k) {
+		int64_t now = tokenbucket_now();
+		int64_t failed = atomic_load_explicit(&n->failed_at, memory_order_relaxed);
+		if (now >= a->spare_after && (failed == 0 || now - failed >= SUSPECT_NS)) {
+			struct conn *s = closed != NULL ? closed : conn_new(a, n);
+			if (s != NULL && conn_open(s, true) != 0)
+				a->spare_after = now + SUSPECT_NS;
+		}
+	}
+	return best;
 }
 
 /*
@@ -591,6 +717,8 @@ static void on_function_probe(redisAsyncContext *ac, void *reply, void *privdata
 	(void)ac;
 	if (reply == NULL || c->dying)
 		return;
+	if (c->spare && c->node->db == 0 && c->a->sentinel == NULL)
+		set_ready(c); /* the last of its setup */
 	int found = tbr__function_found(reply);
 	c->function = found == 1;
 	if (found == 0 && !c->module) /* the module's reply came first */
@@ -614,7 +742,7 @@ static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 		redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
 		return;
 	}
-	c->ready = true;
+	set_ready(c);
 }
 
 /*
@@ -631,7 +759,8 @@ static void on_role(redisAsyncContext *ac, void *reply, void *privdata)
 	const redisReply *rep = reply;
 	if (rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
 	    rep->element[0]->type == REDIS_REPLY_STRING && strcmp(rep->element[0]->str, "master") == 0) {
-		c->ready = c->node->db == 0; /* or when SELECT answers */
+		if (c->node->db == 0)
+			set_ready(c); /* or when SELECT answers */
 		return;
 	}
 	bool error = rep->type == REDIS_REPLY_ERROR;
@@ -663,12 +792,14 @@ static void on_connect(const redisAsyncContext *ac, int status)
 		/* hiredis frees ac next, failing what was queued on it: none of it was written. */
 		c->dying = true;
 		c->unreached = true;
+		struct tokenbucket_redis_async *a = c->a;
+		if (c->spare)
+			return; /* no call is on it; ev_cleanup holds the next spare back */
 		/*
 		 * The calls waiting for its setup were never queued on it: they
 		 * fail as those queued would (a cluster's wait for a pause and a
 		 * fresh map, a one-server client's fail now).
 		 */
-		struct tokenbucket_redis_async *a = c->a;
 		int err = conn_error(ac);
 		atomic_store_explicit(&c->node->failed_at, tokenbucket_now(), memory_order_relaxed);
 		for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
@@ -707,15 +838,22 @@ static void conn_attach(struct conn *c, redisAsyncContext *ac)
 	ac->ev.cleanup = ev_cleanup;
 }
 
-/* Opens c's connection (non-blocking), its setup queued; 0 or a negative errno. */
-static int conn_open(struct conn *c)
+/*
+ * Opens c's connection (non-blocking), its setup queued; 0 or a negative
+ * errno.  A spare goes beside a ready one: a Sentinel client's to the
+ * address of the connections it has.
+ */
+static int conn_open(struct conn *c, bool spare)
 {
 	const struct tbr__node *n = c->node;
 	struct tokenbucket_redis_async *a = c->a;
+	if (spare && a->sentinel != NULL && a->conn_host == NULL)
+		return -EHOSTUNREACH;
 	redisAsyncContext *ac = n->path != NULL ? redisAsyncConnectUnix(n->path)
+				: a->sentinel != NULL && spare ? redisAsyncConnect(a->conn_host, a->conn_port)
 				: a->sentinel != NULL ? redisAsyncConnect(a->primary_host, a->primary_port)
 						      : redisAsyncConnect(n->host, n->port);
-	if (a->sentinel != NULL) {
+	if (a->sentinel != NULL && !spare) {
 		/* An address serves one connection: the next one asks again. */
 		free(a->conn_host);
 		a->conn_host = a->primary_host;
@@ -731,10 +869,11 @@ static int conn_open(struct conn *c)
 		return err;
 	}
 	conn_attach(c, ac);
+	c->spare = spare;
 	redisAsyncSetConnectCallback(ac, on_connect);
 	redisAsyncSetDisconnectCallback(ac, on_disconnect);
-	/* The replies to ROLE and SELECT come first; meanwhile calls wait. */
-	c->ready = n->db == 0 && a->sentinel == NULL;
+	/* The replies to ROLE and SELECT come first (a spare's: all); meanwhile calls wait. */
+	c->ready = n->db == 0 && a->sentinel == NULL && !spare;
 	c->module = false;
 	c->function = false;
 	c->function_loading = false;
@@ -742,8 +881,13 @@ static int conn_open(struct conn *c)
 	    redisAsyncCommandArgv(ac, on_function_probe, c, 3, (const char **)tbr__function_probe, NULL) !=
 		    REDIS_OK ||
 	    (a->sentinel != NULL && redisAsyncCommand(ac, on_role, c, "ROLE") != REDIS_OK) ||
-	    (n->db != 0 && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK))
+	    (n->db != 0 && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK)) {
+		if (spare) { /* no op is on it to drop it with a timeout */
+			c->dying = true;
+			redisAsyncFree(ac);
+		}
 		return -ENOMEM; /* ac stays: dropped with the ops' timeout */
+	}
 	/* Nothing is written before a command: watch for the connection to complete. */
 	want(c, TOKENBUCKET_REDIS_WRITE, 0);
 	return 0;
@@ -848,20 +992,31 @@ static void ask_open(struct tokenbucket_redis_async *a, int64_t now)
 
 /*
  * A check's answer (found_host): when the sentinels name another server
- * than the connection's, the connection closes once the calls sent on it
- * are answered, and the next one asks again.
+ * than the connections', they close once the calls sent on them are
+ * answered, and the next one asks again.
  */
 static void check_done(struct tokenbucket_redis_async *a)
 {
-	struct conn *c = a->nconns > 0 ? a->conns[0] : NULL;
 	bool moved = a->conn_host == NULL || a->found_port != a->conn_port ||
 		     strcmp(a->found_host, a->conn_host) != 0;
 	free(a->found_host);
 	a->found_host = NULL;
-	if (moved && c != NULL && c->ac != NULL && !c->dying) {
-		c->dying = true;
-		redisAsyncDisconnect(c->ac); /* may free it now, when nothing is in flight */
+	for (size_t i = 0; moved && i < a->nconns; i++) {
+		struct conn *c = a->conns[i];
+		if (c->ac != NULL && !c->dying) {
+			c->dying = true;
+			redisAsyncDisconnect(c->ac); /* may free it now, when nothing is in flight */
+		}
 	}
+}
+
+/* A connection that carries calls now, or NULL. */
+static const struct conn *any_ready(const struct tokenbucket_redis_async *a)
+{
+	for (size_t i = 0; i < a->nconns; i++)
+		if (a->conns[i]->ac != NULL && a->conns[i]->ready && !a->conns[i]->dying)
+			return a->conns[i];
+	return NULL;
 }
 
 /*
@@ -905,9 +1060,8 @@ static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
 		a->ask_i = (a->ask_i + 1) % n;
 		ask_open(a, now);
 	}
-	struct conn *c = a->nconns > 0 ? a->conns[0] : NULL;
-	bool check = !a->need_primary && c != NULL && c->ac != NULL && c->ready && !c->dying &&
-		     a->head != NULL && now >= a->check_after;
+	bool check = !a->need_primary && any_ready(a) != NULL && a->head != NULL &&
+		     now >= a->check_after;
 	if (!a->in_round && (check || (a->need_primary && a->primary_host == NULL)) &&
 	    now >= a->ask_after) {
 		a->checking = check;
@@ -939,7 +1093,7 @@ static void send_waiting(struct tokenbucket_redis_async *a)
 	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
 		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
 			continue;
-		struct conn *c = conn_of(a, target(a, o));
+		struct conn *c = conn_of(a, o, target(a, o));
 		if (c == NULL) {
 			o->err = -ENOMEM;
 			continue;
@@ -949,7 +1103,7 @@ static void send_waiting(struct tokenbucket_redis_async *a)
 			continue;
 		}
 		if (c->ac == NULL) {
-			int err = conn_open(c);
+			int err = conn_open(c, false);
 			if (err != 0 && a->cluster != NULL) {
 				tbr__cluster_set_stale(a->cluster);
 				again(o, err, true);
@@ -1043,6 +1197,7 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 	a->timeout_ns = cfg->timeout_ns;
 	a->fallback = cfg->fallback;
 	a->module = cfg->module;
+	a->connections = cfg->connections;
 	a->timer_ns = -1;
 	a->refreshed_at = INT64_MIN / 2;
 	a->sentinel = cfg->cluster == NULL ? cfg->node->sentinel : NULL;
@@ -1075,6 +1230,7 @@ static void close_now(struct tokenbucket_redis_async *a)
 	for (size_t i = 0; i < a->nconns; i++)
 		free(a->conns[i]);
 	free(a->conns);
+	free(a->pins);
 	free(a->primary_host);
 	free(a->conn_host);
 	free(a->found_host);
@@ -1106,6 +1262,15 @@ void tbr__async_forget(struct tokenbucket_redis_async *a)
 		return;
 	a->forgetting = true;
 	close_now(a);
+}
+
+/* The pin of a key: FNV-1a, its low bits (the pins need spread, not secrecy). */
+static uint32_t pin_of(const char *key, size_t len)
+{
+	uint32_t h = 2166136261u;
+	for (size_t i = 0; i < len; i++)
+		h = (h ^ (unsigned char)key[i]) * 16777619u;
+	return (h ^ h >> 16) & (PINS - 1);
 }
 
 /*
@@ -1150,6 +1315,7 @@ static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_red
 	o->arg = arg;
 	/* Its node's slot, for a cluster's routing only (CRC16 of the key). */
 	o->slot = a->cluster != NULL ? tbr__slot(o->key, keylen) : 0;
+	o->pin = pin_of(o->key, keylen);
 	o->last_err = -ETIME;
 	o->deadline = tokenbucket_now() + a->timeout_ns;
 	o->prev = a->tail;

@@ -24,6 +24,7 @@ struct tbr__async_config {
 	size_t prefixlen;
 	struct tbr__fallback *fallback; /* decides for an unavailable server, or NULL */
 	const _Atomic int *module;    /* TOKENBUCKET_REDIS_MODULE_*, read for every call */
+	const _Atomic int *connections; /* per server, at most (NULL: 1), read for every call */
 };
 
 /* An engine for cfg, driven by loop (copied); -EINVAL, -ENOMEM. */

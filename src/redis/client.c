@@ -30,6 +30,7 @@ struct tokenbucket_redis {
 	struct tbr__fallback fallback;
 	struct tbr__bridge *bridge; /* calls pipelined by an I/O thread, or NULL */
 	_Atomic int module;         /* TOKENBUCKET_REDIS_MODULE_*, read by every call */
+	_Atomic int connections;    /* per server, of the engines made from r; read by every call */
 	pthread_mutex_t deps_mu;    /* guards deps */
 	struct tbr__dependent *deps; /* leases still open on this client */
 };
@@ -50,6 +51,7 @@ static struct tokenbucket_redis *client_new(int64_t connect_timeout_ns, int64_t 
 	pthread_mutex_init(&r->deps_mu, NULL);
 	r->connect_tv = tb__timeval_of(ns_or_default(connect_timeout_ns));
 	r->command_ns = ns_or_default(command_timeout_ns);
+	atomic_init(&r->connections, TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT);
 	return r;
 }
 
@@ -447,6 +449,7 @@ static struct tbr__async_config engine_config(struct tokenbucket_redis *r, bool 
 		.prefixlen = with_prefix ? r->prefixlen : 0,
 		.fallback = &r->fallback,
 		.module = &r->module,
+		.connections = &r->connections,
 	};
 }
 
@@ -464,6 +467,14 @@ int tokenbucket_redis_set_module(struct tokenbucket_redis *r, int mode)
 	if (r == NULL || mode < TOKENBUCKET_REDIS_MODULE_AUTO || mode > TOKENBUCKET_REDIS_MODULE_ALWAYS)
 		return -EINVAL;
 	atomic_store_explicit(&r->module, mode, memory_order_relaxed);
+	return 0;
+}
+
+int tokenbucket_redis_set_connections(struct tokenbucket_redis *r, int count)
+{
+	if (r == NULL || count < 1 || count > TOKENBUCKET_REDIS_CONNECTIONS_MAX)
+		return -EINVAL;
+	atomic_store_explicit(&r->connections, count, memory_order_relaxed);
 	return 0;
 }
 

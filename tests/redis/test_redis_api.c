@@ -328,7 +328,7 @@ START_TEST(test_threads_share_a_client)
 }
 END_TEST
 
-/* Pipelined: 8 threads, one connection, every grant exact. */
+/* Pipelined: 8 threads, one connection or a few, every grant exact. */
 static struct tokenbucket_redis *piped;
 static atomic_int piped_granted, piped_all_granted, piped_failed;
 
@@ -353,28 +353,9 @@ static void *piped_calls(void *arg)
 	return NULL;
 }
 
-START_TEST(test_pipelining_shares_one_connection)
+/* The connections srv has now (CLIENT LIST), the one asking included. */
+static int server_clients(void)
 {
-	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 2), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(NULL, 1), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0); /* already */
-	atomic_store(&piped_granted, 0);
-	atomic_store(&piped_all_granted, 0);
-	atomic_store(&piped_failed, 0);
-	pthread_t t[8];
-	for (int i = 0; i < 8; i++)
-		ck_assert_int_eq(pthread_create(&t[i], NULL, piped_calls, (void *)(intptr_t)i), 0);
-	for (int i = 0; i < 8; i++)
-		pthread_join(t[i], NULL);
-	ck_assert_int_eq(atomic_load(&piped_failed), 0);
-	ck_assert_int_eq(atomic_load(&piped_granted), 1000);
-	ck_assert_int_eq(atomic_load(&piped_all_granted), 600);
-	/*
-	 * One connection for all eight threads, the several-limit calls
-	 * included: with cli's and the admin's, three.
-	 */
 	redisContext *a = server_admin(&srv);
 	ck_assert_ptr_nonnull(a);
 	redisReply *rep = redisCommand(a, "CLIENT LIST");
@@ -384,7 +365,77 @@ START_TEST(test_pipelining_shares_one_connection)
 		lines += rep->str[i] == '\n';
 	freeReplyObject(rep);
 	redisFree(a);
-	ck_assert_int_le(lines, 3);
+	return lines;
+}
+
+/* Each of 8 threads: 300 allow of 1 on keys of its own, burst 1: each granted. */
+static void *spread_calls(void *arg)
+{
+	const struct tokenbucket_redis_limit one = { .tokens = 0, .period_ns = SEC, .burst = 1 };
+	for (int i = 0; i < 300; i++) {
+		char key[32];
+		snprintf(key, sizeof(key), "spread:%d:%d", (int)(intptr_t)arg, i);
+		struct tokenbucket_result res;
+		int err = tokenbucket_redis_allow(piped, KEY(key), &one, 1, &res);
+		if (err != 0)
+			atomic_fetch_add(&piped_failed, 1);
+		else if (res.allowed)
+			atomic_fetch_add(&piped_granted, 1);
+	}
+	return NULL;
+}
+
+/* Eight threads of fn (its argument the thread's number) on piped: every call answered. */
+static void piped_run(void *(*fn)(void *))
+{
+	atomic_store(&piped_granted, 0);
+	atomic_store(&piped_all_granted, 0);
+	atomic_store(&piped_failed, 0);
+	pthread_t t[8];
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(pthread_create(&t[i], NULL, fn, (void *)(intptr_t)i), 0);
+	for (int i = 0; i < 8; i++)
+		pthread_join(t[i], NULL);
+	ck_assert_int_eq(atomic_load(&piped_failed), 0);
+}
+
+/* piped_calls' grants: exactly the bursts. */
+static void piped_exact(void)
+{
+	piped_run(piped_calls);
+	ck_assert_int_eq(atomic_load(&piped_granted), 1000);
+	ck_assert_int_eq(atomic_load(&piped_all_granted), 600);
+}
+
+START_TEST(test_pipelining_shares_one_connection)
+{
+	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 2), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(NULL, 1), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_connections(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0); /* already */
+	piped_exact();
+	/*
+	 * One connection for all eight threads, the several-limit calls
+	 * included: with cli's and the admin's, three.
+	 */
+	ck_assert_int_le(server_clients(), 3);
+	/*
+	 * Four allowed: the same calls (two keys, each always in flight, so
+	 * each stays on one connection) exact as before, and never more than
+	 * four; then eight threads on keys of their own, which the engine
+	 * spreads over spares opened while all are busy.
+	 */
+	ck_assert_int_eq(tokenbucket_redis_set_connections(piped, 4), 0);
+	ck_assert_int_eq(server_cmd(&srv, "DEL piped piped-all"), REDIS_REPLY_INTEGER);
+	piped_exact();
+	ck_assert_int_le(server_clients(), 6);
+	piped_run(spread_calls);
+	ck_assert_int_eq(atomic_load(&piped_granted), 8 * 300);
+	int lines = server_clients();
+	ck_assert_int_ge(lines, 4);
+	ck_assert_int_le(lines, 6);
 	/* Off again: the pool, a connection per thread in flight. */
 	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 0), 0);
 	double tokens = -1;

@@ -240,6 +240,167 @@ START_TEST(test_same_answers_as_the_local_library)
 }
 END_TEST
 
+/* The clients connected to srv now, not counting c, which asks. */
+static long clients_on(redisContext *c)
+{
+	redisReply *r = redisCommand(c, "INFO clients");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	const char *at = strstr(r->str, "connected_clients:");
+	ck_assert_ptr_nonnull(at);
+	long n = atol(at + strlen("connected_clients:"));
+	freeReplyObject(r);
+	return n - 1;
+}
+
+static long clients_now(void)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	long n = clients_on(c);
+	redisFree(c);
+	return n;
+}
+
+/* The i-th call of order_run: allow_at on one of order_nkeys keys named order_name. */
+#define ORDER_KEYS 499
+#define ORDER_CALLS 6000
+static char order_keys[ORDER_KEYS][16];
+static int order_nkeys;
+static char order_name;
+
+static struct tokenbucket_redis_call order_call(int i)
+{
+	int k = i % order_nkeys;
+	snprintf(order_keys[k], sizeof(order_keys[k]), "%c%d", order_name, k);
+	struct tokenbucket_redis_call c = ALLOW(order_keys[k], 1 + (uint64_t)(i / 7) % 3);
+	c.flags = TOKENBUCKET_REDIS_AT;
+	c.now = (int64_t)(i / order_nkeys) * 37 * MS + (int64_t)k;
+	return c;
+}
+
+/*
+ * ORDER_CALLS calls of order_call on nkeys keys named name, at_once in
+ * flight (each completion starts the next): each key's answers in the
+ * order started, as a local bucket per key gives them.
+ */
+static void order_run(char name, int nkeys, int at_once)
+{
+	counts_reset();
+	order_name = name;
+	order_nkeys = nkeys;
+	struct tokenbucket *tb[ORDER_KEYS];
+	for (int k = 0; k < nkeys; k++)
+		ck_assert_int_eq(tokenbucket_create_every(&tb[k], lim.tokens, lim.period_ns, lim.burst, 0), 0);
+	static struct tokenbucket_result want[ORDER_CALLS];
+	for (int i = 0; i < ORDER_CALLS; i++) {
+		struct tokenbucket_redis_call c = order_call(i);
+		struct tokenbucket *b = tb[i % nkeys];
+		want[i].allowed = tokenbucket_allow_at(b, c.now, c.n);
+		want[i].remaining = (uint64_t)tokenbucket_tokens_at(b, c.now);
+	}
+	for (int k = 0; k < nkeys; k++)
+		tokenbucket_free(tb[k]);
+	refill_fn = order_call;
+	refill_until = ORDER_CALLS;
+	for (int i = 0; i < at_once; i++) {
+		struct tokenbucket_redis_call c = order_call(i);
+		start(&c);
+	}
+	run_until_done();
+	each_once();
+	int allowed = 0;
+	for (int i = 0; i < ORDER_CALLS; i++) {
+		ck_assert_int_eq(slots[i].err, 0);
+		ck_assert_msg(slots[i].res.allowed == want[i].allowed, "call %d", i);
+		ck_assert_uint_eq(slots[i].res.remaining, want[i].remaining);
+		allowed += slots[i].res.allowed;
+	}
+	ck_assert(allowed > ORDER_CALLS / 10 && allowed < ORDER_CALLS - ORDER_CALLS / 10);
+}
+
+START_TEST(test_connections_spread_keep_key_order)
+{
+	ck_assert_int_eq(tokenbucket_redis_set_connections(NULL, 2), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, 0), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, TOKENBUCKET_REDIS_CONNECTIONS_MAX + 1),
+			 -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, TOKENBUCKET_REDIS_CONNECTIONS_MAX), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, 4), 0);
+	long before = clients_now();
+	/* One call at a time: never busy, so one connection. */
+	for (int i = 0; i < 20; i++) {
+		struct tokenbucket_redis_call c = ALLOW("quiet", 1);
+		start(&c);
+		run_until_done();
+	}
+	each_once();
+	ck_assert_int_eq(clients_now(), before + 1);
+	/*
+	 * 200 in flight over 499 keys: a key's calls in flight end now and
+	 * then, so its next may go on another connection; spares open one at
+	 * a time as the ready ones are all busy, up to four.
+	 */
+	order_run('o', 499, 200);
+	ck_assert_int_eq(clients_now(), before + 4);
+	/*
+	 * With the four up, 6000 at once over 61 keys: the fewest in flight
+	 * would spread each key's calls over all four, and they would be
+	 * decided out of order; they stay on their key's connection.
+	 */
+	order_run('p', 61, ORDER_CALLS);
+	ck_assert_int_eq(clients_now(), before + 4);
+}
+END_TEST
+
+START_TEST(test_spare_refused_fails_nothing)
+{
+	/*
+	 * One connection up, then the server full (room for adm, which asks):
+	 * every spare is closed at once, before its setup is answered.
+	 */
+	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, 4), 0);
+	struct tokenbucket_redis_call c = ALLOW("full", 0);
+	start(&c);
+	run_until_done();
+	redisContext *adm = server_admin(&srv);
+	ck_assert_ptr_nonnull(adm);
+	long before = clients_on(adm);
+	redisReply *r = redisCommand(adm, "CONFIG SET maxclients %ld", before + 1);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STATUS);
+	freeReplyObject(r);
+	counts_reset();
+	refill_until = 3000;
+	refill_call = ALLOW("full", 0);
+	for (int i = 0; i < 200; i++)
+		start(&refill_call);
+	run_until_done();
+	each_once();
+	for (int i = 0; i < started; i++)
+		ck_assert_msg(slots[i].err == 0, "call %d: %d", i, slots[i].err);
+	ck_assert_int_eq(clients_on(adm), before);
+	r = redisCommand(adm, "CONFIG SET maxclients 10000");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STATUS);
+	freeReplyObject(r);
+	redisFree(adm);
+	/* A second later spares may open again: the next calls, on many keys, get them. */
+	usleep(1100 * 1000);
+	counts_reset();
+	order_name = 'q';
+	order_nkeys = ORDER_KEYS;
+	refill_fn = order_call;
+	refill_until = ORDER_CALLS;
+	for (int i = 0; i < 200; i++) {
+		struct tokenbucket_redis_call k = order_call(i);
+		start(&k);
+	}
+	run_until_done();
+	each_once();
+	for (int i = 0; i < started; i++)
+		ck_assert_int_eq(slots[i].err, 0);
+	ck_assert_int_gt(clients_now(), before);
+}
+END_TEST
+
 START_TEST(test_script_flushed_in_flight)
 {
 	for (int i = 0; i < 1000; i++) {
@@ -666,7 +827,9 @@ int main(void)
 {
 	const TTest *const one_server[] = {
 		test_thousands_in_flight, test_same_answers_as_the_local_library,
-		test_script_flushed_in_flight, test_killed_mid_flight, test_stopped_mid_flight,
+		test_connections_spread_keep_key_order, test_spare_refused_fails_nothing,
+		test_script_flushed_in_flight,
+		test_killed_mid_flight, test_stopped_mid_flight,
 		test_close_in_flight, test_fallback_when_down, test_bad_arguments, NULL
 	};
 	const TTest *const cluster[] = { test_cluster_thousands_in_flight,
