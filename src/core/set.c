@@ -107,24 +107,32 @@ struct seen {
 	bool have;
 };
 
-/* One bucket's take, as tokenbucket_reserve_at, its reservation marked as a set's. */
+/*
+ * One bucket's take, as tokenbucket_reserve_at, its reservation marked as
+ * a set's; what it saw goes to seen, for a report (NULL: none wanted, and
+ * the production's division is not made).
+ */
 static int take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
 		    struct tokenbucket_reservation *r, struct seen *seen)
 {
 	uint64_t gen = atomic_load(&tb->gen);
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	seen->have = false;
+	struct tb__view unused;
+	if (seen != NULL)
+		seen->have = false;
 	if (n <= burst && max_wait >= 0) {
 		int64_t at;
 		uint64_t ticket, tail, head;
-		if (tb__fast_take_seen(tb, now, n, burst, &at, &ticket, &tail, &seen->v, &head) ==
-		    TB__FAST_TAKEN) {
+		if (tb__fast_take_seen(tb, now, n, burst, &at, &ticket, &tail,
+				       seen != NULL ? &seen->v : &unused, &head) == TB__FAST_TAKEN) {
 			*r = (struct tokenbucket_reservation){
 				.time_to_act = at,
 				.tokens = n,
 				.ticket = ticket,
 				.reserved = gen | SET_MARK,
 			};
+			if (seen == NULL)
+				return 0;
 			/* tb__head_at's production, its remainder kept for the wait until full. */
 			tb__u128 fine = tb__fine_at(&seen->v, at);
 			tb__u128 whole = tb__whole(&seen->v, fine);
@@ -235,7 +243,7 @@ static int take_all(struct tokenbucket *const *set, size_t count, int64_t now, u
 		    size_t *failed)
 {
 	for (size_t i = 0; i < count; i++) {
-		int err = take_one(set[i], now, n, max_wait, &r[i], &seen[i]);
+		int err = take_one(set[i], now, n, max_wait, &r[i], seen != NULL ? &seen[i] : NULL);
 		if (err) {
 			give_back_all(set, i, now, r);
 			*failed = i;
@@ -368,9 +376,8 @@ int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count, int
 	if (err)
 		return err;
 	struct tokenbucket_reservation taken[TOKENBUCKET_SET_MAX];
-	struct seen seen[TOKENBUCKET_SET_MAX];
 	size_t failed;
-	err = take_all(set, count, now, n, max_wait, taken, seen, &failed);
+	err = take_all(set, count, now, n, max_wait, taken, NULL, &failed);
 	if (err)
 		return err;
 	/* The set acts when the last of its buckets has the tokens. */
@@ -378,9 +385,18 @@ int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count, int
 	for (size_t i = 1; i < count; i++)
 		if (taken[i].time_to_act > act)
 			act = taken[i].time_to_act;
+	/*
+	 * Word by word, as take_one stored them: a load that spans two such
+	 * stores waits until both are written back (no store forwarding),
+	 * which cost the copy more than the takes.  volatile keeps the
+	 * compiler from merging the loads.
+	 */
 	for (size_t i = 0; i < count; i++) {
-		taken[i].time_to_act = act;
-		r[i] = taken[i];
+		const volatile struct tokenbucket_reservation *t = &taken[i];
+		r[i].time_to_act = act;
+		r[i].tokens = t->tokens;
+		r[i].ticket = t->ticket;
+		r[i].reserved = t->reserved;
 	}
 	return 0;
 }
