@@ -12,10 +12,12 @@
  * the asynchronous client on a libevent loop, "async2" the same with
  * tokenbucket_redis_async_allow_all on two limits (the one below and a
  * quota of 10^6 an hour); with "piped" the threads
- * block as by default, their calls pipelined on one connection
+ * block as by default, their calls pipelined on a few connections
  * (tokenbucket_redis_set_pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
  * =module in the environment forces the script or the native module
- * (tokenbucket_redis_set_module); by default the client detects it.  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
+ * (tokenbucket_redis_set_module); unset or empty, the client detects it.
+ * TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K sets the connections per server of
+ * the async and piped modes (tokenbucket_redis_set_connections).  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
  * client from those seeds instead (threads only).  Prints "decisions/s
  * p50_us p99_us errors".
  */
@@ -276,9 +278,9 @@ int main(int argc, char **argv)
 	}
 	/* TOKENBUCKET_REDIS_BENCH_MODULE=script|module forces one server side (tokenbucket_redis_set_module). */
 	const char *side = getenv("TOKENBUCKET_REDIS_BENCH_MODULE");
-	if (side != NULL && tokenbucket_redis_set_module(r, strcmp(side, "module") == 0
-							       ? TOKENBUCKET_REDIS_MODULE_ALWAYS
-							       : TOKENBUCKET_REDIS_MODULE_NEVER) != 0)
+	if (side != NULL && *side != '\0' &&
+	    tokenbucket_redis_set_module(r, strcmp(side, "module") == 0 ? TOKENBUCKET_REDIS_MODULE_ALWAYS
+									 : TOKENBUCKET_REDIS_MODULE_NEVER) != 0)
 		return 1;
 	/* TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K: connections per server (tokenbucket_redis_set_connections). */
 	const char *conns = getenv("TOKENBUCKET_REDIS_BENCH_CONNECTIONS");
