@@ -385,18 +385,9 @@ int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count, int
 	for (size_t i = 1; i < count; i++)
 		if (taken[i].time_to_act > act)
 			act = taken[i].time_to_act;
-	/*
-	 * Word by word, as take_one stored them: a load that spans two such
-	 * stores waits until both are written back (no store forwarding),
-	 * which cost the copy more than the takes.  volatile keeps the
-	 * compiler from merging the loads.
-	 */
 	for (size_t i = 0; i < count; i++) {
-		const volatile struct tokenbucket_reservation *t = &taken[i];
-		r[i].time_to_act = act;
-		r[i].tokens = t->tokens;
-		r[i].ticket = t->ticket;
-		r[i].reserved = t->reserved;
+		taken[i].time_to_act = act;
+		r[i] = taken[i];
 	}
 	return 0;
 }

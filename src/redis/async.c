@@ -635,6 +635,7 @@ static struct conn *conn_new(struct tokenbucket_redis_async *a, struct tbr__node
 }
 
 static int conn_open(struct conn *c, bool spare);
+static void conn_drop(struct conn *c, int err);
 
 /* How many connections per server the client may have now (1 to TOKENBUCKET_REDIS_CONNECTIONS_MAX). */
 static unsigned connections(struct tokenbucket_redis_async *a)
@@ -882,10 +883,8 @@ static int conn_open(struct conn *c, bool spare)
 		    REDIS_OK ||
 	    (a->sentinel != NULL && redisAsyncCommand(ac, on_role, c, "ROLE") != REDIS_OK) ||
 	    (n->db != 0 && redisAsyncCommand(ac, on_setup, c, "SELECT %d", n->db) != REDIS_OK)) {
-		if (spare) { /* no op is on it to drop it with a timeout */
-			c->dying = true;
-			redisAsyncFree(ac);
-		}
+		if (spare)
+			conn_drop(c, -ENOMEM); /* no op is on it to drop it with a timeout */
 		return -ENOMEM; /* ac stays: dropped with the ops' timeout */
 	}
 	/* Nothing is written before a command: watch for the connection to complete. */

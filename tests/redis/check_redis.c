@@ -109,6 +109,26 @@ const char *const redis_bad_args[][7] = {
 };
 const size_t redis_bad_args_count = sizeof(redis_bad_args) / sizeof(redis_bad_args[0]);
 
+long redis_clients_on(redisContext *c)
+{
+	redisReply *r = redisCommand(c, "INFO clients");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	const char *at = strstr(r->str, "connected_clients:");
+	ck_assert_ptr_nonnull(at);
+	long n = atol(at + strlen("connected_clients:"));
+	freeReplyObject(r);
+	return n - 1;
+}
+
+long redis_clients(void)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	long n = redis_clients_on(c);
+	redisFree(c);
+	return n;
+}
+
 long long redis_calls_of(const char *command)
 {
 	redisContext *c = redisConnect("127.0.0.1", srv.port);

@@ -40,6 +40,10 @@ extern const size_t redis_bad_args_count;
 
 /* Calls of command (tokenbucket.call, evalsha, eval, fcall) srv counted (INFO commandstats). */
 long long redis_calls_of(const char *command);
+/* The clients connected to srv (INFO clients), not counting c, which asks. */
+long redis_clients_on(redisContext *c);
+/* The same on a connection of its own, made for the question. */
+long redis_clients(void);
 /*
  * The asynchronous several-limits suites (test_redis_async_all.c): on one
  * server, or on a cluster, through libuv or libevent.

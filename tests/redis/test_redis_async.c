@@ -240,27 +240,6 @@ START_TEST(test_same_answers_as_the_local_library)
 }
 END_TEST
 
-/* The clients connected to srv now, not counting c, which asks. */
-static long clients_on(redisContext *c)
-{
-	redisReply *r = redisCommand(c, "INFO clients");
-	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
-	const char *at = strstr(r->str, "connected_clients:");
-	ck_assert_ptr_nonnull(at);
-	long n = atol(at + strlen("connected_clients:"));
-	freeReplyObject(r);
-	return n - 1;
-}
-
-static long clients_now(void)
-{
-	redisContext *c = server_admin(&srv);
-	ck_assert_ptr_nonnull(c);
-	long n = clients_on(c);
-	redisFree(c);
-	return n;
-}
-
 /* The i-th call of order_run: allow_at on one of order_nkeys keys named order_name. */
 #define ORDER_KEYS 499
 #define ORDER_CALLS 6000
@@ -326,7 +305,7 @@ START_TEST(test_connections_spread_keep_key_order)
 			 -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, TOKENBUCKET_REDIS_CONNECTIONS_MAX), 0);
 	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, 4), 0);
-	long before = clients_now();
+	long before = redis_clients();
 	/* One call at a time: never busy, so one connection. */
 	for (int i = 0; i < 20; i++) {
 		struct tokenbucket_redis_call c = ALLOW("quiet", 1);
@@ -334,21 +313,21 @@ START_TEST(test_connections_spread_keep_key_order)
 		run_until_done();
 	}
 	each_once();
-	ck_assert_int_eq(clients_now(), before + 1);
+	ck_assert_int_eq(redis_clients(), before + 1);
 	/*
 	 * 200 in flight over 499 keys: a key's calls in flight end now and
 	 * then, so its next may go on another connection; spares open one at
 	 * a time as the ready ones are all busy, up to four.
 	 */
 	order_run('o', 499, 200);
-	ck_assert_int_eq(clients_now(), before + 4);
+	ck_assert_int_eq(redis_clients(), before + 4);
 	/*
 	 * With the four up, 6000 at once over 61 keys: the fewest in flight
 	 * would spread each key's calls over all four, and they would be
 	 * decided out of order; they stay on their key's connection.
 	 */
 	order_run('p', 61, ORDER_CALLS);
-	ck_assert_int_eq(clients_now(), before + 4);
+	ck_assert_int_eq(redis_clients(), before + 4);
 }
 END_TEST
 
@@ -364,7 +343,7 @@ START_TEST(test_spare_refused_fails_nothing)
 	run_until_done();
 	redisContext *adm = server_admin(&srv);
 	ck_assert_ptr_nonnull(adm);
-	long before = clients_on(adm);
+	long before = redis_clients_on(adm);
 	redisReply *r = redisCommand(adm, "CONFIG SET maxclients %ld", before + 1);
 	ck_assert(r != NULL && r->type == REDIS_REPLY_STATUS);
 	freeReplyObject(r);
@@ -377,7 +356,7 @@ START_TEST(test_spare_refused_fails_nothing)
 	each_once();
 	for (int i = 0; i < started; i++)
 		ck_assert_msg(slots[i].err == 0, "call %d: %d", i, slots[i].err);
-	ck_assert_int_eq(clients_on(adm), before);
+	ck_assert_int_eq(redis_clients_on(adm), before);
 	r = redisCommand(adm, "CONFIG SET maxclients 10000");
 	ck_assert(r != NULL && r->type == REDIS_REPLY_STATUS);
 	freeReplyObject(r);
@@ -397,7 +376,7 @@ START_TEST(test_spare_refused_fails_nothing)
 	each_once();
 	for (int i = 0; i < started; i++)
 		ck_assert_int_eq(slots[i].err, 0);
-	ck_assert_int_gt(clients_now(), before);
+	ck_assert_int_gt(redis_clients(), before);
 }
 END_TEST
 
