@@ -32,7 +32,7 @@
 static inline __attribute__((always_inline)) int check_set_for(struct tokenbucket *const *set,
 							      size_t count, const uint64_t *n)
 {
-	if (set == NULL || count == 0 || count > TOKENBUCKET_SET_MAX)
+	if (set == NULL || count - 1 >= TOKENBUCKET_SET_MAX) /* count 0 wraps */
 		return -EINVAL;
 	int err = 0;
 	for (size_t i = 0; i < count; i++) {
@@ -48,13 +48,15 @@ static inline __attribute__((always_inline)) int check_set_for(struct tokenbucke
 	return err;
 }
 
-static int check_set(struct tokenbucket *const *set, size_t count)
+static inline __attribute__((always_inline)) int check_set(struct tokenbucket *const *set,
+								 size_t count)
 {
 	return check_set_for(set, count, NULL);
 }
 
 /* The checks of a call that takes n: its output (has_out), the set, then n. */
-static int check_take(bool has_out, struct tokenbucket *const *set, size_t count, uint64_t n)
+static inline __attribute__((always_inline)) int
+check_take(bool has_out, struct tokenbucket *const *set, size_t count, uint64_t n)
 {
 	return has_out ? check_set_for(set, count, &n) : -EINVAL;
 }
@@ -110,21 +112,23 @@ struct seen {
 /*
  * One bucket's take, as tokenbucket_reserve_at, its reservation marked as
  * a set's; what it saw goes to seen, for a report (NULL: none wanted, and
- * the production's division is not made).
+ * the production's division is not made).  Inline, so that a caller
+ * passing NULL gets the path of tokenbucket_reserve_at and no more.
  */
-static int take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
-		    struct tokenbucket_reservation *r, struct seen *seen)
+static inline __attribute__((always_inline)) int
+take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
+	 struct tokenbucket_reservation *r, struct seen *seen)
 {
 	uint64_t gen = atomic_load(&tb->gen);
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-	struct tb__view unused;
 	if (seen != NULL)
 		seen->have = false;
 	if (n <= burst && max_wait >= 0) {
 		int64_t at;
 		uint64_t ticket, tail, head;
 		if (tb__fast_take_seen(tb, now, n, burst, &at, &ticket, &tail,
-				       seen != NULL ? &seen->v : &unused, &head) == TB__FAST_TAKEN) {
+				       seen != NULL ? &seen->v : NULL,
+				       seen != NULL ? &head : NULL) == TB__FAST_TAKEN) {
 			*r = (struct tokenbucket_reservation){
 				.time_to_act = at,
 				.tokens = n,
@@ -159,46 +163,25 @@ static bool rewritten(const struct tokenbucket *tb, const struct tokenbucket_res
 }
 
 /*
- * Gives back the r->tokens a set's take of r took from tb, never more than
- * the bucket missed because of it.
- *
- * Undo: if the tail is still the ticket, no call took or dropped since,
- * so moving the tail back to where the take left it before its n (its own
- * drop stays) leaves the bucket exactly as if it had never been taken
- * from.  (Not under capped release, where ceil - tail counts what is in
- * flight.)
- *
- * Otherwise the bucket missed min(n, burst - M), M the most it held since
- * the take: whatever it held beyond burst - n was lost to the cap at
- * burst, as it would have been lost with the n in it.  The head only
- * grows and the tail never falls below the ticket, so
- * M <= head(at) - ticket (at the clock, which the call first moves to
- * its now), and giving back min(n, burst - (head(at) -
- * ticket)) never gives too much.  It is linearized at the clock read
- * after its compare-and-swap: if the clock moved on meanwhile, the part
- * that the later head no longer allows is taken back.
+ * give_back after its first undo failed: spins more tries of the undo,
+ * then the bounded give-back.  Out of line: the usual give-back is one
+ * compare-and-swap.
  */
-static void give_back(struct tokenbucket *tb, int64_t now, struct tokenbucket_reservation *r)
+static __attribute__((noinline)) void give_back_rest(struct tokenbucket *tb, uint64_t n,
+						     const struct tokenbucket_reservation *r,
+						     int spins)
 {
-	uint64_t n = r->tokens;
-	r->tokens = 0;
-	if (n == 0 || tb__unlimited(tb) || rewritten(tb, r))
-		return;
-	/* The give-back is at now, or at the latest time the bucket has seen. */
-	tb__observe(tb, now);
 	uint64_t ticket = r->ticket;
-	if (!tb__capped(tb)) {
-		/*
-		 * A take after ours that is itself being given back (another set
-		 * refused) undoes first and brings the tail back to our ticket:
-		 * watch for that a bounded number of reads.
-		 */
-		for (int spin = 0; spin < UNDO_SPINS; spin++) {
-			uint64_t expect = ticket;
-			if (atomic_compare_exchange_strong(&tb->tail, &expect, ticket - n))
-				return;
-			tb__cpu_relax();
-		}
+	/*
+	 * A take after ours that is itself being given back (another set
+	 * refused) undoes first and brings the tail back to our ticket: watch
+	 * for that a bounded number of reads.
+	 */
+	for (int spin = 0; spin < spins; spin++) {
+		tb__cpu_relax();
+		uint64_t expect = ticket;
+		if (atomic_compare_exchange_strong(&tb->tail, &expect, ticket - n))
+			return;
 	}
 	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
 		struct tb__view v;
@@ -229,6 +212,44 @@ static void give_back(struct tokenbucket *tb, int64_t now, struct tokenbucket_re
 	}
 }
 
+/*
+ * Gives back the r->tokens a set's take of r took from tb, never more than
+ * the bucket missed because of it.
+ *
+ * Undo: if the tail is still the ticket, no call took or dropped since,
+ * so moving the tail back to where the take left it before its n (its own
+ * drop stays) leaves the bucket exactly as if it had never been taken
+ * from.  (Not under capped release, where ceil - tail counts what is in
+ * flight.)
+ *
+ * Otherwise the bucket missed min(n, burst - M), M the most it held since
+ * the take: whatever it held beyond burst - n was lost to the cap at
+ * burst, as it would have been lost with the n in it.  The head only
+ * grows and the tail never falls below the ticket, so
+ * M <= head(at) - ticket (at the clock, which the call first moves to
+ * its now), and giving back min(n, burst - (head(at) -
+ * ticket)) never gives too much.  It is linearized at the clock read
+ * after its compare-and-swap: if the clock moved on meanwhile, the part
+ * that the later head no longer allows is taken back.
+ */
+static inline __attribute__((always_inline)) void
+give_back(struct tokenbucket *tb, int64_t now, struct tokenbucket_reservation *r)
+{
+	uint64_t n = r->tokens;
+	r->tokens = 0;
+	if (n == 0 || tb__unlimited(tb) || rewritten(tb, r))
+		return;
+	/* The give-back is at now, or at the latest time the bucket has seen. */
+	tb__observe(tb, now);
+	if (tb__capped(tb)) {
+		give_back_rest(tb, n, r, 0);
+		return;
+	}
+	uint64_t expect = r->ticket;
+	if (!atomic_compare_exchange_strong(&tb->tail, &expect, r->ticket - n))
+		give_back_rest(tb, n, r, UNDO_SPINS - 1);
+}
+
 /* Gives back r[0] to r[k - 1], the latest first (so that undoing is likelier). */
 static void give_back_all(struct tokenbucket *const *set, size_t k, int64_t now,
 			  struct tokenbucket_reservation *r)
@@ -238,9 +259,9 @@ static void give_back_all(struct tokenbucket *const *set, size_t k, int64_t now,
 }
 
 /* Takes from every bucket as take_one, or from none: 0, or the first error. */
-static int take_all(struct tokenbucket *const *set, size_t count, int64_t now, uint64_t n,
-		    int64_t max_wait, struct tokenbucket_reservation *r, struct seen *seen,
-		    size_t *failed)
+static inline __attribute__((always_inline)) int
+take_all(struct tokenbucket *const *set, size_t count, int64_t now, uint64_t n, int64_t max_wait,
+	 struct tokenbucket_reservation *r, struct seen *seen, size_t *failed)
 {
 	for (size_t i = 0; i < count; i++) {
 		int err = take_one(set[i], now, n, max_wait, &r[i], seen != NULL ? &seen[i] : NULL);
@@ -376,18 +397,20 @@ int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count, int
 	if (err)
 		return err;
 	struct tokenbucket_reservation taken[TOKENBUCKET_SET_MAX];
-	size_t failed;
-	err = take_all(set, count, now, n, max_wait, taken, NULL, &failed);
-	if (err)
-		return err;
 	/* The set acts when the last of its buckets has the tokens. */
-	int64_t act = taken[0].time_to_act;
-	for (size_t i = 1; i < count; i++)
+	int64_t act = INT64_MIN;
+	for (size_t i = 0; i < count; i++) {
+		err = take_one(set[i], now, n, max_wait, &taken[i], NULL);
+		if (err) {
+			give_back_all(set, i, now, taken);
+			return err;
+		}
 		if (taken[i].time_to_act > act)
 			act = taken[i].time_to_act;
+	}
 	for (size_t i = 0; i < count; i++) {
-		taken[i].time_to_act = act;
 		r[i] = taken[i];
+		r[i].time_to_act = act;
 	}
 	return 0;
 }
