@@ -883,12 +883,15 @@ static void usage(FILE *f)
 {
 	fprintf(f, "usage: tokenbucket-bench [-r N] [--ms MS] [--filter SUBSTR] [--tsv] [--pin]\n"
 		   "       tokenbucket-bench --merge [--tsv] < runs.tsv\n"
+		   "       tokenbucket-bench --calls N --filter METRIC\n"
 		   "  -r N             repetitions per metric (default 11)\n"
 		   "  --ms MS          length of one repetition in milliseconds (default 20)\n"
 		   "  --filter SUBSTR  only the metrics whose name contains SUBSTR\n"
 		   "  --tsv            print metric<TAB>median<TAB>min<TAB>max lines\n"
 		   "  --pin            pin thread i of a multi-threaded metric to the i-th CPU allowed\n"
-		   "  --merge          read --tsv lines of several runs on stdin and print them as one\n");
+		   "  --merge          read --tsv lines of several runs on stdin and print them as one\n"
+		   "  --calls N        run the metric --filter names (exactly, one thread) N times,\n"
+		   "                   untimed: for counting its instructions (bench/instructions)\n");
 }
 
 int main(int argc, char **argv)
@@ -899,6 +902,7 @@ int main(int argc, char **argv)
 		{ "tsv", no_argument, NULL, 't' },
 		{ "merge", no_argument, NULL, 'M' },
 		{ "pin", no_argument, NULL, 'p' },
+		{ "calls", required_argument, NULL, 'c' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
@@ -906,6 +910,7 @@ int main(int argc, char **argv)
 	double ms = 20;
 	const char *filter = NULL;
 	bool tsv = false, merging = false;
+	unsigned long long calls = 0;
 	int opt;
 	while ((opt = getopt_long(argc, argv, "r:h", options, NULL)) != -1) {
 		char *end;
@@ -936,6 +941,13 @@ int main(int argc, char **argv)
 		case 'p':
 			pin_threads();
 			break;
+		case 'c':
+			calls = strtoull(optarg, &end, 10);
+			if (*end || *optarg == '-' || calls < 1 || calls > 1000000000) {
+				fprintf(stderr, "tokenbucket-bench: --calls wants a count from 1\n");
+				return 2;
+			}
+			break;
 		case 'h':
 			usage(stdout);
 			return 0;
@@ -949,6 +961,17 @@ int main(int argc, char **argv)
 		return 2;
 	}
 
+	if (calls) {
+		/* Setup, the loop and teardown once: a counter subtracts two runs. */
+		struct metric *m = filter ? find(filter) : NULL;
+		if (m == NULL || m->loop == NULL || m->threads != 0) {
+			fprintf(stderr, "tokenbucket-bench: --calls wants --filter naming one "
+					"single-threaded metric\n");
+			return 2;
+		}
+		run(m, calls);
+		return 0;
+	}
 	if (merging) {
 		int rounds = merge(filter);
 		compute_clock_cas();

@@ -8,6 +8,10 @@
  *                   so every tenth call finds a new token (both paths counted)
  *   grab            grab(1)
  *   reserve_cancel  reserve_at(t, 1) then cancel_at(t), t += 100 ns
+ *   reserve_cancel_2  reserve_all_at(t, 1) then cancel_all_at(t) on a set
+ *                   of two such buckets, t += 100 ns
+ *   allow_result_at allow_result_at(t, 1), t += 100 ns
+ *   allow_all_2     allow_all_at(t, 1) on the set of two, t += 100 ns
  *   table_warm      table allow_at(t, key, 1) on one warm key, t += 100 ns, the
  *                   same rate and a burst that never empties
  *   table_keys      the same on 1000 warm keys in turn (a table of 4096 slots)
@@ -21,15 +25,19 @@
 int main(int argc, char **argv)
 {
 	if (argc != 3) {
-		fprintf(stderr, "usage: %s allow_at|grab|reserve_cancel|table_warm|table_keys CALLS\n", argv[0]);
+		fprintf(stderr, "usage: %s allow_at|grab|reserve_cancel|reserve_cancel_2|"
+				"allow_result_at|allow_all_2|table_warm|table_keys CALLS\n", argv[0]);
 		return 2;
 	}
 	const char *workload = argv[1];
 	long calls = strtol(argv[2], NULL, 10);
-	struct tokenbucket *tb;
+	struct tokenbucket *tb, *tb2;
 	/* A burst that never empties: the take path, not the refusal, is counted. */
 	if (tokenbucket_create_every(&tb, 1, 1000, TOKENBUCKET_BURST_MAX, 0) != 0)
 		return 1;
+	if (tokenbucket_create_every(&tb2, 1, 1000, TOKENBUCKET_BURST_MAX, 0) != 0)
+		return 1;
+	struct tokenbucket *set[2] = { tb, tb2 };
 	int64_t t = 1000000000;
 	unsigned long sink = 0;
 	if (strcmp(workload, "allow_at") == 0) {
@@ -45,6 +53,28 @@ int main(int argc, char **argv)
 				return 1;
 			tokenbucket_cancel_at(tb, &r, t);
 			sink += r.ticket;
+		}
+	} else if (strcmp(workload, "reserve_cancel_2") == 0) {
+		struct tokenbucket_reservation r[2];
+		for (long i = 0; i < calls; i++, t += 100) {
+			if (tokenbucket_reserve_all_at(set, 2, t, 1, TOKENBUCKET_NEVER, r) != 0)
+				return 1;
+			tokenbucket_cancel_all_at(set, 2, t, r);
+			sink += r[1].ticket;
+		}
+	} else if (strcmp(workload, "allow_result_at") == 0) {
+		struct tokenbucket_result res;
+		for (long i = 0; i < calls; i++, t += 100) {
+			if (tokenbucket_allow_result_at(tb, t, 1, &res) != 0)
+				return 1;
+			sink += res.allowed;
+		}
+	} else if (strcmp(workload, "allow_all_2") == 0) {
+		struct tokenbucket_set_result res;
+		for (long i = 0; i < calls; i++, t += 100) {
+			if (tokenbucket_allow_all_at(set, 2, t, 1, &res) != 0)
+				return 1;
+			sink += res.allowed;
 		}
 	} else if (strcmp(workload, "table_warm") == 0 || strcmp(workload, "table_keys") == 0) {
 		struct tokenbucket_table *tt;
@@ -67,5 +97,6 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	tokenbucket_free(tb);
+	tokenbucket_free(tb2);
 	return sink == 0; /* every workload takes something; 0 means it did not run */
 }

@@ -57,6 +57,9 @@ status=0
 for spec in "allow_at tokenbucket_allow_at" \
 	    "grab tokenbucket_grab" \
 	    "reserve_cancel tokenbucket_reserve_at tokenbucket_cancel_at" \
+	    "reserve_cancel_2 tokenbucket_reserve_all_at tokenbucket_cancel_all_at" \
+	    "allow_result_at tokenbucket_allow_result_at" \
+	    "allow_all_2 tokenbucket_allow_all_at" \
 	    "table_warm tokenbucket_table_allow_at" \
 	    "table_keys tokenbucket_table_allow_at"; do
 	# shellcheck disable=SC2086
