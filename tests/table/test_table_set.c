@@ -361,6 +361,74 @@ static uint64_t next_random(uint64_t *x)
 	return *x;
 }
 
+/*
+ * An allowed set's reset_after_ns is the latest of its tables' own, as
+ * each reports it right after (allow_result_at of 0 at the same time):
+ * rates from one token in years to 2^30 a ns, bursts to 2^40, ties of
+ * equal rates in every other round, steps to 2^56 ns, keys in debt.
+ */
+START_TEST(allowed_reset_is_the_latest_table)
+{
+	uint64_t rnd = 0x9e3779b97f4a7c15u;
+	uint64_t checked = 0, distinct = 0;
+	for (int round = 0; round < 300; round++) {
+		struct tokenbucket_table *set[4];
+		struct tokenbucket_limit first_lim = { 0 };
+		uint64_t least = UINT64_MAX; /* the least burst: n never passes it */
+		size_t count = 2 + (size_t)(next_random(&rnd) % 3);
+		for (size_t i = 0; i < count; i++) {
+			struct tokenbucket_limit lim;
+			do {
+				lim = (struct tokenbucket_limit){
+					.tokens = 1 + (next_random(&rnd) >> (next_random(&rnd) % 30 + 34)),
+					.period_ns = (int64_t)(1 + (next_random(&rnd) >>
+								    (next_random(&rnd) % 63 + 1))),
+					.burst = 1 + (next_random(&rnd) >> (next_random(&rnd) % 40 + 24)),
+				};
+				if (i > 0 && (round & 1)) {
+					lim.tokens = first_lim.tokens;
+					lim.period_ns = first_lim.period_ns;
+				}
+			} while (tokenbucket_table_create_limit(&set[i], &lim, 64, 0) != 0);
+			if (i == 0)
+				first_lim = lim;
+			if (lim.burst < least)
+				least = lim.burst;
+		}
+		int64_t now = T0;
+		for (int step = 0; step < 50; step++) {
+			now += (int64_t)(next_random(&rnd) %
+					 (1 + (next_random(&rnd) >> (next_random(&rnd) % 56 + 8))));
+			uint64_t key = next_random(&rnd) % 3;
+			uint64_t n = next_random(&rnd) % (least < 4 ? least + 1 : 4);
+			struct tokenbucket_set_result res;
+			ck_assert_int_eq(tokenbucket_table_allow_all_at(set, count, now, &key, sizeof(key),
+									n, &res), 0);
+			if (!res.allowed)
+				continue;
+			int64_t latest = 0, first = -1;
+			for (size_t i = 0; i < count; i++) {
+				struct tokenbucket_result one;
+				ck_assert_int_eq(tokenbucket_table_allow_result_at(set[i], now, &key,
+										   sizeof(key), 0, &one), 0);
+				if (one.reset_after_ns > latest)
+					latest = one.reset_after_ns;
+				if (first < 0)
+					first = one.reset_after_ns;
+				else if (one.reset_after_ns != first)
+					distinct++;
+			}
+			ck_assert_int_eq(res.reset_after_ns, latest);
+			checked++;
+		}
+		for (size_t i = 0; i < count; i++)
+			tokenbucket_table_free(set[i]);
+	}
+	ck_assert_uint_gt(checked, 5000);
+	ck_assert_uint_gt(distinct, 1000);
+}
+END_TEST
+
 /* Random words in every slot of two shared tables: defined answers, never above burst. */
 START_TEST(hostile_shared_bytes)
 {
@@ -757,6 +825,7 @@ Suite *table_set_suite(void)
 	tcase_add_test(tc, memory_per_key);
 	tcase_add_test(tc, shared_with_a_process);
 	tcase_add_test(tc, hostile_shared_bytes);
+	tcase_add_test(tc, allowed_reset_is_the_latest_table);
 	suite_add_tcase(s, tc);
 	TCase *t = tcase_create("threads");
 	tcase_set_timeout(t, 120);
