@@ -68,6 +68,22 @@ static inline int64_t limit_refill(const struct tokenbucket_limit *l)
 	return (int64_t)(l->burst * (uint64_t)l->period_ns / l->tokens) + 1;
 }
 
+/*
+ * The sets' reset tests: folds member i's own reset_after_ns into *latest
+ * (from 0), counting in *distinct the members whose wait differs from
+ * member 0's (*first).
+ */
+static inline void fold_reset(size_t i, int64_t reset, int64_t *latest, int64_t *first,
+			      uint64_t *distinct)
+{
+	if (reset > *latest)
+		*latest = reset;
+	if (i == 0)
+		*first = reset;
+	else if (reset != *first)
+		(*distinct)++;
+}
+
 /* Runs fn on each of count args of size bytes at args, in threads of their own, and joins them. */
 static inline void run_each_thread(int count, void *(*fn)(void *), void *args, size_t size)
 {

@@ -258,10 +258,14 @@ static void give_back_all(struct tokenbucket *const *set, size_t k, int64_t now,
 		give_back(set[k], now, &r[k]);
 }
 
-/* Takes from every bucket as take_one, or from none: 0, or the first error. */
+/*
+ * Takes from every bucket as take_one, or from none: 0, or the first
+ * error (its bucket in *failed).  With act (not NULL), the latest of the
+ * takes' times to act goes there.
+ */
 static inline __attribute__((always_inline)) int
 take_all(struct tokenbucket *const *set, size_t count, int64_t now, uint64_t n, int64_t max_wait,
-	 struct tokenbucket_reservation *r, struct seen *seen, size_t *failed)
+	 struct tokenbucket_reservation *r, struct seen *seen, size_t *failed, int64_t *act)
 {
 	for (size_t i = 0; i < count; i++) {
 		int err = take_one(set[i], now, n, max_wait, &r[i], seen != NULL ? &seen[i] : NULL);
@@ -270,6 +274,8 @@ take_all(struct tokenbucket *const *set, size_t count, int64_t now, uint64_t n, 
 			*failed = i;
 			return err;
 		}
+		if (act != NULL && (i == 0 || r[i].time_to_act > *act))
+			*act = r[i].time_to_act;
 	}
 	return 0;
 }
@@ -345,7 +351,7 @@ int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count, int64
 		}
 	}
 	if (refused == count) {
-		err = take_all(set, count, now, n, 0, r, seen, &refused);
+		err = take_all(set, count, now, n, 0, r, seen, &refused, NULL);
 		/* -ETIMEDOUT, -EOVERFLOW (deep debt), -E2BIG (a burst lowered meanwhile) refuse. */
 		if (err == -EBADMSG)
 			return err;
@@ -397,17 +403,12 @@ int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count, int
 	if (err)
 		return err;
 	struct tokenbucket_reservation taken[TOKENBUCKET_SET_MAX];
+	size_t failed;
 	/* The set acts when the last of its buckets has the tokens. */
-	int64_t act = INT64_MIN;
-	for (size_t i = 0; i < count; i++) {
-		err = take_one(set[i], now, n, max_wait, &taken[i], NULL);
-		if (err) {
-			give_back_all(set, i, now, taken);
-			return err;
-		}
-		if (taken[i].time_to_act > act)
-			act = taken[i].time_to_act;
-	}
+	int64_t act;
+	err = take_all(set, count, now, n, max_wait, taken, NULL, &failed, &act);
+	if (err)
+		return err;
 	for (size_t i = 0; i < count; i++) {
 		r[i] = taken[i];
 		r[i].time_to_act = act;

@@ -406,17 +406,12 @@ START_TEST(allowed_reset_is_the_latest_table)
 									n, &res), 0);
 			if (!res.allowed)
 				continue;
-			int64_t latest = 0, first = -1;
+			int64_t latest = 0, first = 0;
 			for (size_t i = 0; i < count; i++) {
 				struct tokenbucket_result one;
 				ck_assert_int_eq(tokenbucket_table_allow_result_at(set[i], now, &key,
 										   sizeof(key), 0, &one), 0);
-				if (one.reset_after_ns > latest)
-					latest = one.reset_after_ns;
-				if (first < 0)
-					first = one.reset_after_ns;
-				else if (one.reset_after_ns != first)
-					distinct++;
+				fold_reset(i, one.reset_after_ns, &latest, &first, &distinct);
 			}
 			ck_assert_int_eq(res.reset_after_ns, latest);
 			checked++;
