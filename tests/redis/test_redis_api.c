@@ -439,6 +439,58 @@ START_TEST(test_pipelining_shares_one_connection)
 END_TEST
 
 /*
+ * More pipelined callers than the I/O thread has wake slots (256): some
+ * threads share a slot, so one's answer wakes the other too, which must
+ * check its own and sleep again.  300 threads started together, 20 calls
+ * each on one key of burst 3000 that never refills: every call answered,
+ * exactly 3000 granted.  A lost wake-up hangs a thread (the suite's
+ * timeout); a wake-up taken as an answer gives a wrong count.
+ */
+#define CROWD 300
+static pthread_barrier_t crowd_start;
+
+static void *crowd_calls(void *arg)
+{
+	(void)arg;
+	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 3000 };
+	pthread_barrier_wait(&crowd_start);
+	for (int i = 0; i < 20; i++) {
+		struct tokenbucket_result res = { .allowed = true, .remaining = UINT64_MAX };
+		int err = tokenbucket_redis_allow(piped, KEY("crowd"), &fixed, 1, &res);
+		if (err != 0)
+			atomic_fetch_add(&piped_failed, 1);
+		else if (res.allowed)
+			atomic_fetch_add(&piped_granted, 1);
+		else if (res.remaining != 0)
+			atomic_fetch_add(&piped_failed, 1); /* refused with tokens left: not its answer */
+	}
+	return NULL;
+}
+
+START_TEST(test_pipelined_crowd_shares_wake_slots)
+{
+	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 30 * SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	atomic_store(&piped_granted, 0);
+	atomic_store(&piped_failed, 0);
+	pthread_attr_t attr;
+	ck_assert_int_eq(pthread_attr_init(&attr), 0);
+	ck_assert_int_eq(pthread_attr_setstacksize(&attr, 256 * 1024), 0);
+	ck_assert_int_eq(pthread_barrier_init(&crowd_start, NULL, CROWD), 0);
+	static pthread_t t[CROWD];
+	for (int i = 0; i < CROWD; i++)
+		ck_assert_int_eq(pthread_create(&t[i], &attr, crowd_calls, NULL), 0);
+	for (int i = 0; i < CROWD; i++)
+		pthread_join(t[i], NULL);
+	pthread_barrier_destroy(&crowd_start);
+	pthread_attr_destroy(&attr);
+	ck_assert_int_eq(atomic_load(&piped_failed), 0);
+	ck_assert_int_eq(atomic_load(&piped_granted), 3000);
+	tokenbucket_redis_close(piped);
+}
+END_TEST
+
+/*
  * fork() while other threads' calls are in flight on a pipelined client:
  * the child closes its copy of the parent's client.  The I/O thread may
  * have been anywhere in the engine, holding the lock its callbacks take,
@@ -782,7 +834,7 @@ Suite *redis_api_suite(void)
 	redis_tcase(s, "api", redis_setup, 30,
 		    (const TTest *const[]){ test_result, test_wait, test_format_and_parse, test_format_bytes, test_prefix_tcp_and_db, test_threads_share_a_client,
 					    test_tokens_bit_for_bit, test_pipelining_shares_one_connection,
-					    test_fork_while_pipelined, test_allow_all,
+					    test_pipelined_crowd_shares_wake_slots, test_fork_while_pipelined, test_allow_all,
 					    test_allow_all_fallback, NULL });
 	return s;
 }
