@@ -16,9 +16,10 @@
  * `done`; its thread checks that word and sleeps on one of the bridge's
  * futex words (`gen`, below).  The I/O thread wakes the threads it
  * answered once per turn of its loop, with one FUTEX_WAKE_BITSET per word
- * rather than one wake per call: at 50 calls in flight that is a sixth of
- * the switches.  No mutex is handed back and forth.  The engine, the
- * descriptors and the timer belong to the I/O thread alone.
+ * rather than one wake per call: the wakes cost a few system calls a turn,
+ * not one a decision (docs/redis-client.md has the counts).  No mutex is
+ * handed back and forth.  The engine, the descriptors and the timer belong
+ * to the I/O thread alone.
  *
  * fork(): the child gets the engine as the I/O thread left it, and that
  * thread is not in the child.  A handler of pthread_atfork waits until
