@@ -186,10 +186,7 @@ static void publish(struct breq *q)
 	b->answered[slot / 32] |= 1u << (slot % 32);
 }
 
-/*
- * Wakes the threads answered since the last call: the I/O thread before
- * each sleep, and close after the engine's last callbacks.
- */
+/* Wakes the threads answered since the last call: the I/O thread's, once a turn. */
 static void wake_answered(struct tbr__bridge *b)
 {
 	for (unsigned w = 0; w < BRIDGE_WORDS; w++) {
@@ -275,6 +272,7 @@ static void *io_thread(void *arg)
 	pthread_sigmask(SIG_BLOCK, &all, NULL);
 	pthread_mutex_lock(&b->engine);
 	for (;;) {
+		wake_answered(b); /* every answer of the last turn, before the loop sleeps or ends */
 		if (atomic_load_explicit(&b->stop, memory_order_acquire))
 			break;
 		size_t n = b->nfds + 1;
@@ -303,7 +301,6 @@ static void *io_thread(void *arg)
 			ts = (struct timespec){ .tv_sec = left / 1000000000, .tv_nsec = left % 1000000000 };
 			tp = &ts;
 		}
-		wake_answered(b); /* every answer of this turn, before the loop sleeps */
 		pthread_mutex_unlock(&b->engine); /* a fork() may go on meanwhile */
 		int ready = ppoll(p, n, tp, NULL);
 		pthread_mutex_lock(&b->engine);
@@ -328,7 +325,6 @@ static void *io_thread(void *arg)
 			tokenbucket_redis_async_timeout(b->a);
 		}
 	}
-	wake_answered(b);
 	pthread_mutex_unlock(&b->engine);
 	return NULL;
 }
@@ -417,9 +413,8 @@ void tbr__bridge_close(struct tbr__bridge *b)
 		;
 	pthread_join(b->thread, NULL);
 	bridges_remove(b);
-	/* No caller waits now (close never runs beside calls); woken all the same. */
+	/* No caller waits now (close never runs beside calls). */
 	tokenbucket_redis_async_close(b->a);
-	wake_answered(b);
 	free(b->fds);
 	free(b->poll);
 	close(b->wake);
