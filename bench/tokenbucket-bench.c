@@ -402,24 +402,26 @@ static uint64_t loop_table_at(struct ctx *c, int id, uint64_t n)
 	return sum;
 }
 
-/* 1.2: two limits per key, table and table2, the same shape: one warm key. */
-static void setup_table_2(struct ctx *c)
+/* 1.2: two limits per key, table and table2, both shaped as table_with makes them. */
+static void two_tables(struct ctx *c, uint64_t capacity, uint64_t keys)
 {
-	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 64, 1);
+	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, capacity, keys);
 	struct tokenbucket_table *first = c->table;
-	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 64, 1);
+	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, capacity, keys);
 	c->table2 = c->table;
 	c->table = first;
 }
 
-/* Two tables shaped as table_at_1m's: 10^6 warm keys in each, 160 MB. */
+/* One warm key in each, as table_at_1's. */
+static void setup_table_2(struct ctx *c)
+{
+	two_tables(c, 64, 1);
+}
+
+/* 10^6 warm keys in each, as table_at_1m's: 160 MB. */
 static void setup_table_2_1m(struct ctx *c)
 {
-	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 2500000, 1000000);
-	struct tokenbucket_table *first = c->table;
-	table_with(c, 1, 1, TOKENBUCKET_TABLE_BURST_MAX, 2500000, 1000000);
-	c->table2 = c->table;
-	c->table = first;
+	two_tables(c, 2500000, 1000000);
 }
 
 /* Warm keys in turn (1 key: the same one), with the report: a decision on one limit of a set. */
