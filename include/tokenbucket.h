@@ -530,15 +530,27 @@ TOKENBUCKET_API int tokenbucket_table_reserve_at(struct tokenbucket_table *t, in
 						 int64_t max_wait,
 						 struct tokenbucket_reservation *r);
 /*
- * As tokenbucket_cancel_at on the key's bucket: gives back r->tokens unless
- * now is past r->time_to_act or the key has no bucket any more; sets
- * r->tokens to 0.  NULLs are ignored.
+ * As tokenbucket_cancel_at on the key's bucket (Go's cancel): gives back
+ * r->tokens as tokenbucket_table_refund does, unless the key's time is
+ * past r->time_to_act; sets r->tokens to 0.  NULLs are ignored.
  */
 TOKENBUCKET_API void tokenbucket_table_cancel(struct tokenbucket_table *t, const void *key,
 					      size_t len, struct tokenbucket_reservation *r);
 TOKENBUCKET_API void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key,
 						 size_t len, struct tokenbucket_reservation *r,
 						 int64_t now);
+/*
+ * As tokenbucket_refund on the key's bucket: gives back n tokens taken and
+ * not used, whatever the time and whatever other calls did since, except
+ * what would lift the key above its burst (docs/core.md, "Giving back").
+ * A key with no bucket, or whose slot went to another key since the take,
+ * is full and gets nothing.  0; -EINVAL: t NULL, key NULL with len > 0;
+ * -EBADMSG: a corrupt table.  Since 1.2.0.
+ */
+TOKENBUCKET_API int tokenbucket_table_refund(struct tokenbucket_table *t, const void *key,
+					     size_t len, uint64_t n);
+TOKENBUCKET_API int tokenbucket_table_refund_at(struct tokenbucket_table *t, int64_t now,
+						const void *key, size_t len, uint64_t n);
 /*
  * As tokenbucket_tokens_at on the key's bucket (burst for a key with no
  * bucket; none is made).  NaN: t NULL, key NULL with len > 0, a corrupt
@@ -749,29 +761,19 @@ TOKENBUCKET_API int tokenbucket_table_get_limit(struct tokenbucket_table *t,
  *
  * How: the buckets after the first are checked, then n is taken from each
  * in order with that bucket's own lock-free take; when one refuses, what
- * was taken from the earlier ones is given back before the call returns.
- * No limit is ever over-granted: each bucket only ever sees its own takes
- * and give-backs, and a give-back never returns more than the bucket has
- * missed because of the take (a take followed by its give-back leaves the
- * bucket as it would have been without them, or lower; what a give-back
- * racing the clock's move gives beyond that, at most the production of
- * those nanoseconds, it takes back at once, as debt if already used:
- * docs/sets.md).  The give-back is
- * exact (the bucket as if never taken from) when no other call took from
- * that bucket between the take and the give-back, which is the usual case:
- * a few nanoseconds apart.  Otherwise it gives back what the bucket can be
- * shown to have missed, bounded by what it held since the take, so it may
- * hold up to n fewer tokens than it would have, until it is next full (a
- * rate-0 bucket: for good); a rate or burst change or a reset between the
- * two makes it give back nothing, with the same bound.
+ * was taken from the earlier ones is given back before the call returns,
+ * as tokenbucket_refund gives back: all n, except what would lift the
+ * bucket above its burst, whatever other calls did in between
+ * (docs/core.md, "Giving back").  So a refused set takes nothing, under
+ * any concurrency.
  *
  * The transient under-grant: from the take from bucket i until the call
  * refuses and gives it back (or returns), bucket i holds n fewer tokens,
  * so a call on it alone may be refused that would otherwise be allowed.
  * It is at most n tokens per bucket per set call in progress and lasts
- * for that call only (its takes and give-backs; a give-back reads the tail
- * at most 64 times for an undo, and never waits for another thread),
- * except as said above.  A set refused by the check before the takes causes none.
+ * for that call only (its takes and give-backs, which never wait for
+ * another thread).  A set refused by the check before the takes causes
+ * none.
  *
  * Every call fails with -EINVAL for: set NULL, count 0 or above
  * TOKENBUCKET_SET_MAX, a NULL bucket, the same bucket twice (by address: a
@@ -865,15 +867,11 @@ TOKENBUCKET_API int tokenbucket_wait_all(struct tokenbucket *const *set, size_t 
  * every table or from none, as tokenbucket_allow_all does for buckets
  * (the tables after the first are checked, then each is taken from in
  * order; on a refusal the earlier ones get back what they gave before the
- * call returns, never more than the key missed because of the take, so no
- * limit is ever over-granted).  A key uses a slot (32 bytes) in every
+ * call returns, as tokenbucket_table_refund gives back, so a refused set
+ * takes nothing).  A key uses a slot (32 bytes) in every
  * table that holds a bucket for it.  Refused by a table's policy (no slot
  * for a new key, fail closed), the set is refused there; passed open, that
- * table takes nothing.  A give-back gives nothing where it cannot show
- * what the key missed: the key's slot changed hands (evicted or reused:
- * the key comes back full), a rate or burst change ran, or a cancel on the
- * key ran meanwhile; that key then holds up to n fewer tokens in that
- * table until it is next full (docs/table.md).  *res as
+ * table takes nothing.  *res as
  * tokenbucket_allow_all fills it, index naming a table; flags zero.
  * -EINVAL: res or tables NULL, count 0 or above TOKENBUCKET_SET_MAX, a
  * NULL table or two handles on one table, key NULL with len > 0.

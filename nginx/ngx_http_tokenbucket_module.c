@@ -1515,14 +1515,21 @@ static ngx_inline struct tokenbucket_reservation *ngx_http_tokenbucket_rv(
 	return &ctx->rv[i * NGX_HTTP_TB_RATES_MAX + t];
 }
 
-/* Gives back a local zone's reservations rv[0] to rv[upto - 1] at now, in full. */
+/*
+ * Gives back a local zone's reservations rv[0] to rv[upto - 1] by the
+ * library's give-back rule (tokenbucket_table_refund): all of them, within
+ * burst, however far other requests moved the key's clock meanwhile.
+ */
 static void ngx_http_tokenbucket_cancel_local(ngx_http_tokenbucket_zone_t *z, ngx_str_t *k,
 					      struct tokenbucket_reservation *rv, ngx_uint_t upto,
 					      int64_t now)
 {
-	for (ngx_uint_t t = 0; t < upto; t++)
+	for (ngx_uint_t t = 0; t < upto; t++) {
 		if (rv[t].tokens != 0)
-			tokenbucket_table_cancel_at(z->table[t], k->data, k->len, &rv[t], now);
+			(void)tokenbucket_table_refund_at(z->table[t], now, k->data, k->len,
+							  rv[t].tokens);
+		rv[t].tokens = 0;
+	}
 }
 
 /*
@@ -1616,16 +1623,17 @@ static int ngx_http_tokenbucket_reserve_local(ngx_http_tokenbucket_zone_t *z,
 	if (rc == -ETIMEDOUT && tokenbucket_table_reserve_at(table, now, k->data, k->len, cost,
 							      TOKENBUCKET_NEVER, &probe) == 0) {
 		res->retry_after_ns = probe.time_to_act - now;
-		tokenbucket_table_cancel_at(table, k->data, k->len, &probe, now);
+		(void)tokenbucket_table_refund_at(table, now, k->data, k->len, probe.tokens);
 	}
 	return 1;
 }
 
 /*
  * Gives back what limits 0 to upto - 1 took for a request refused or
- * failed.  A table's reservation is cancelled at the request's "now", so
- * all of it comes back; a Redis reservation is refunded in Redis (no reply
- * awaited), or cancelled in the fallback's bucket that granted it.
+ * failed, by the library's give-back rule (docs/core.md, "Giving back"):
+ * a table's reservation is refunded to its key; a Redis reservation is
+ * refunded in Redis (no reply awaited), or to the fallback's bucket that
+ * granted it.
  */
 static void ngx_http_tokenbucket_give_back(ngx_http_request_t *r, ngx_http_tokenbucket_ctx_t *ctx,
 					   ngx_uint_t upto)
@@ -1653,6 +1661,8 @@ static void ngx_http_tokenbucket_give_back(ngx_http_request_t *r, ngx_http_token
 		struct tokenbucket_redis_limit lim = { z->rate[0].tokens, z->rate[0].period_ns,
 						       z->rate[0].burst };
 		if (ctx->local[j]) {
+			/* Go's cancel that is never too late: the request used none of them. */
+			rv->time_to_act = TOKENBUCKET_NEVER;
 			tokenbucket_redis_cancel(z->engine->client, k->data, k->len, &lim, rv);
 			continue;
 		}

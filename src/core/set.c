@@ -2,27 +2,15 @@
 /*
  * Several limits in one decision: n tokens from every bucket of a set, or
  * from none.  Built on each bucket's own lock-free take; a refusal gives
- * back what the earlier buckets gave, exactly when no other call took from
- * them meanwhile (the take is undone), and otherwise never more than the
- * bucket missed.  docs/sets.md has the model and the bounds; every
- * function here is lock-free and may run in any number of threads at once.
+ * back what the earlier buckets gave by the one give-back rule
+ * (docs/core.md, "Giving back").  docs/sets.md has the model and the
+ * bounds; every function here is lock-free and may run in any number of
+ * threads at once.
  */
 #include <errno.h>
 
-#include "relax.h"
 #include "rovers.h"
 #include "sleep.h"
-
-/*
- * r->reserved of a set's reservation: this mark and the bucket's gen
- * before the take.  A writer that ran since (gen changed: a rate change, a
- * normalization, a reset) makes the give-back give nothing, which is safe:
- * a reset forgets what was taken.
- */
-#define SET_MARK (UINT64_C(1) << 63)
-
-/* Reads of the tail a give-back makes, waiting for it to come back to its ticket. */
-#define UNDO_SPINS 64
 
 /*
  * -EINVAL for a set no call accepts: NULL, empty, too long, a NULL or
@@ -110,8 +98,7 @@ struct seen {
 };
 
 /*
- * One bucket's take, as tokenbucket_reserve_at, its reservation marked as
- * a set's; what it saw goes to seen, for a report (NULL: none wanted, and
+ * One bucket's take, as tokenbucket_reserve_at; what it saw goes to seen, for a report (NULL: none wanted, and
  * the production's division is not made).  Inline, so that a caller
  * passing NULL gets the path of tokenbucket_reserve_at and no more.
  */
@@ -119,7 +106,6 @@ static inline __attribute__((always_inline)) int
 take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
 	 struct tokenbucket_reservation *r, struct seen *seen)
 {
-	uint64_t gen = atomic_load(&tb->gen);
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
 	if (seen != NULL)
 		seen->have = false;
@@ -133,7 +119,6 @@ take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
 				.time_to_act = at,
 				.tokens = n,
 				.ticket = ticket,
-				.reserved = gen | SET_MARK,
 			};
 			if (seen == NULL)
 				return 0;
@@ -147,107 +132,30 @@ take_one(struct tokenbucket *tb, int64_t now, uint64_t n, int64_t max_wait,
 			return 0;
 		}
 	}
-	struct tokenbucket_reservation one;
-	int err = tokenbucket_reserve_at(tb, now, n, max_wait, &one);
-	if (err)
-		return err;
-	one.reserved = gen | SET_MARK;
-	*r = one;
-	return 0;
-}
-
-/* Whether a writer ran on tb since the set's take of r. */
-static bool rewritten(const struct tokenbucket *tb, const struct tokenbucket_reservation *r)
-{
-	return (r->reserved & SET_MARK) && atomic_load(&tb->gen) != (r->reserved & ~SET_MARK);
+	return tokenbucket_reserve_at(tb, now, n, max_wait, r);
 }
 
 /*
- * give_back after its first undo failed: spins more tries of the undo,
- * then the bounded give-back.  Out of line: the usual give-back is one
- * compare-and-swap.
- */
-static __attribute__((noinline)) void give_back_rest(struct tokenbucket *tb, uint64_t n,
-						     const struct tokenbucket_reservation *r,
-						     int spins)
-{
-	uint64_t ticket = r->ticket;
-	/*
-	 * A take after ours that is itself being given back (another set
-	 * refused) undoes first and brings the tail back to our ticket: watch
-	 * for that a bounded number of reads.
-	 */
-	for (int spin = 0; spin < spins; spin++) {
-		tb__cpu_relax();
-		uint64_t expect = ticket;
-		if (atomic_compare_exchange_strong(&tb->tail, &expect, ticket - n))
-			return;
-	}
-	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
-		struct tb__view v;
-		int64_t at;
-		if (!tb__view_at_clock(tb, &v, &at) || rewritten(tb, r))
-			return;
-		uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);
-		uint64_t head = atomic_load_explicit(&tb->head, memory_order_acquire);
-		tb__i128 room = (tb__i128)burst - tb__level(tb__head_at(&v, head, at), ticket);
-		if (room <= 0)
-			return;
-		uint64_t g = room < (tb__i128)n ? (uint64_t)room : n;
-		if (atomic_load(&tb->clock) != at || atomic_load(&tb->gen) != v.gen)
-			continue;
-		if (!atomic_compare_exchange_strong(&tb->head, &head, head + g))
-			continue;
-		if (tb__capped(tb))
-			tb__raise_ceil(tb, g);
-		int64_t later = atomic_load(&tb->clock);
-		if (later != at && atomic_load(&tb->gen) == v.gen && later > at) {
-			tb__i128 after = (tb__i128)burst -
-					 tb__level(tb__head_at(&v, head, later), ticket);
-			uint64_t fair = after <= 0 ? 0 : after < (tb__i128)g ? (uint64_t)after : g;
-			if (fair < g)
-				tokenbucket_grab(tb, g - fair);
-		}
-		return;
-	}
-}
-
-/*
- * Gives back the r->tokens a set's take of r took from tb, never more than
- * the bucket missed because of it.
- *
- * Undo: if the tail is still the ticket, no call took or dropped since,
- * so moving the tail back to where the take left it before its n (its own
- * drop stays) leaves the bucket exactly as if it had never been taken
- * from.  (Not under capped release, where ceil - tail counts what is in
- * flight.)
- *
- * Otherwise the bucket missed min(n, burst - M), M the most it held since
- * the take: whatever it held beyond burst - n was lost to the cap at
- * burst, as it would have been lost with the n in it.  The head only
- * grows and the tail never falls below the ticket, so
- * M <= head(at) - ticket (at the clock, which the call first moves to
- * its now), and giving back min(n, burst - (head(at) -
- * ticket)) never gives too much.  It is linearized at the clock read
- * after its compare-and-swap: if the clock moved on meanwhile, the part
- * that the later head no longer allows is taken back.
+ * Gives back the r->tokens a set's take of r took from tb, by the one rule
+ * (docs/core.md, "Giving back"): at max(now, clock), min(n, burst - level)
+ * comes back, whatever ran on the bucket since.  The usual case is an
+ * undo: the tail is still the take's ticket, so no call took or dropped
+ * since, and moving it back by n is that rule in one compare-and-swap
+ * (what it lifts above burst is dropped by the next call that records a
+ * time, as the rule would not have added it).  Not under capped release,
+ * where ceil - tail counts what is in flight.
  */
 static inline __attribute__((always_inline)) void
 give_back(struct tokenbucket *tb, int64_t now, struct tokenbucket_reservation *r)
 {
 	uint64_t n = r->tokens;
 	r->tokens = 0;
-	if (n == 0 || tb__unlimited(tb) || rewritten(tb, r))
+	if (n == 0 || tb__unlimited(tb))
 		return;
-	/* The give-back is at now, or at the latest time the bucket has seen. */
 	tb__observe(tb, now);
-	if (tb__capped(tb)) {
-		give_back_rest(tb, n, r, 0);
-		return;
-	}
 	uint64_t expect = r->ticket;
-	if (!atomic_compare_exchange_strong(&tb->tail, &expect, r->ticket - n))
-		give_back_rest(tb, n, r, UNDO_SPINS - 1);
+	if (tb__capped(tb) || !atomic_compare_exchange_strong(&tb->tail, &expect, r->ticket - n))
+		tokenbucket_refund(tb, n);
 }
 
 /* Gives back r[0] to r[k - 1], the latest first (so that undoing is likelier). */

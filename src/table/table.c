@@ -668,13 +668,12 @@ static inline __attribute__((always_inline)) bool decide(const struct tb__view *
 
 /*
  * What a set's take took from one key, for its give-back: the slot, the
- * state the take wrote and the tail it took from (after its drop), the
- * slot's lowering word before the take and the regime's gen.  slot NULL:
- * nothing was taken (no bucket, or tokens 0).
+ * state the take wrote and the tail it took from (after its drop).  slot
+ * NULL: nothing was taken (no bucket, or tokens 0).
  */
 struct tbt_taken {
 	struct tbt_slot *slot;
-	uint64_t after, base, lowering, gen, tokens;
+	uint64_t after, base, tokens;
 };
 
 /* What a take decided, for the result. */
@@ -762,8 +761,6 @@ again:
 		uint64_t seen = st;
 		if (ok) {
 			uint64_t after = st_with_tail(st, base + n);
-			/* A set's give-back compares the lowering word read before the take. */
-			uint64_t lowering = k ? atomic_load(&s->lowering) : 0;
 			if (after == st || atomic_compare_exchange_strong(&s->state, &st, after)) {
 				o->allowed = true;
 				/* A key taken from full (decide dropped: base moved) has burst - n left, no division. */
@@ -775,8 +772,6 @@ again:
 						.slot = s,
 						.after = after,
 						.base = base & TBT_TAIL_MASK,
-						.lowering = lowering,
-						.gen = c->v.gen,
 						.tokens = n,
 					};
 				return 0;
@@ -1081,16 +1076,48 @@ int tokenbucket_table_reserve(struct tokenbucket_table *t, const void *key, size
 }
 
 /*
- * Lowers the tail of slot s from state *st to tail, marked in the slot's
- * lowering word (struct tbt_slot); false, *st the state found, if it
- * changed.
+ * The give-back rule on a key (docs/core.md, "Giving back"): at the key's
+ * time, n tokens back, never above burst.  A key keeps only a tail, and
+ * its level is min(burst, Q - tail), so that is the tail lowered by n,
+ * but never below the full tail (which keeps tails within range of Q).
+ * Nothing once the key's time is past time_to_act (Go's cancel; INT64_MAX
+ * for a refund), and nothing for a key with no bucket or whose slot
+ * changes hands meanwhile: it is full (docs/table.md, "Giving back").
  */
-static bool lower(struct tbt_slot *s, uint64_t *st, uint64_t tail)
+static void give_back_key(struct tokenbucket_table *t, struct tbt_call *c, uint64_t n,
+			  int64_t time_to_act)
 {
-	atomic_fetch_add(&s->lowering, TBT_LOWER_BEGIN);
-	bool done = atomic_compare_exchange_strong(&s->state, st, st_with_tail(*st, tail));
-	atomic_fetch_add(&s->lowering, TBT_LOWER_END);
-	return done;
+	int rounds = 0;
+	uint64_t st;
+again:;
+	struct tbt_slot *s = find(c, &st);
+	if (s == NULL)
+		return;
+	for (;;) {
+		TB__ROUND();
+		int64_t at = key_time(s, c->at);
+		int moved = regime_check(t, c, 0, &rounds);
+		if (moved < 0)
+			return;
+		if (moved)
+			goto again;
+		if (at > time_to_act)
+			return; /* too late: the tokens were used */
+		if (past_horizon(c, at)) {
+			if (++rounds == TB__ROUNDS_MAX || reanchor(t, c, at, 0))
+				return;
+			goto again;
+		}
+		uint64_t tail = st_tail(st);
+		if (full_at(c, at, tail))
+			return; /* nothing fits under burst */
+		uint64_t floor_tail = full_tail(c, at);
+		uint64_t back = (uint64_t)tdiff(tail, floor_tail) > n ? tail - n : floor_tail;
+		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, back)))
+			return;
+		if (st_claimed(st) || st_empty(st) || atomic_load(&s->fp) != fp_for(c->fp, st))
+			return; /* the slot changed hands: the key's bucket is gone, full */
+	}
 }
 
 void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, size_t len,
@@ -1100,43 +1127,27 @@ void tokenbucket_table_cancel_at(struct tokenbucket_table *t, const void *key, s
 		return;
 	uint64_t n = r->tokens;
 	r->tokens = 0;
-	if (n == 0)
-		return;
+	struct tbt_call c;
+	if (n != 0 && call_init(t, now, key, len, 0, &c))
+		give_back_key(t, &c, n, r->time_to_act);
+}
+
+int tokenbucket_table_refund_at(struct tokenbucket_table *t, int64_t now, const void *key,
+				size_t len, uint64_t n)
+{
+	if (t == NULL || bad_key(key, len))
+		return -EINVAL;
 	struct tbt_call c;
 	if (!call_init(t, now, key, len, 0, &c))
-		return;
-	int rounds = 0;
-	uint64_t st;
-again:;
-	struct tbt_slot *s = find(&c, &st);
-	if (s == NULL)
-		return; /* no bucket: the key is full */
-	for (;;) {
-		TB__ROUND();
-		int64_t at = key_time(s, c.at);
-		int moved = regime_check(t, &c, 0, &rounds);
-		if (moved < 0)
-			return;
-		if (moved)
-			goto again;
-		if (at > r->time_to_act)
-			return; /* too late: the tokens were used */
-		if (past_horizon(&c, at)) {
-			if (++rounds == TB__ROUNDS_MAX || reanchor(t, &c, at, 0))
-				return;
-			goto again;
-		}
-		uint64_t tail = st_tail(st);
-		if (full_at(&c, at, tail))
-			return; /* nothing fits under burst */
-		uint64_t floor_tail = full_tail(&c, at);
-		uint64_t back = (uint64_t)tdiff(tail, floor_tail) > n ? tail - n : floor_tail;
-		if (lower(s, &st, back))
-			return;
-		if (st_claimed(st) || st_empty(st) ||
-		    atomic_load(&s->fp) != fp_for(c.fp, st))
-			return; /* the slot changed hands: the key's bucket is gone, full */
-	}
+		return -EBADMSG;
+	if (n != 0)
+		give_back_key(t, &c, n, INT64_MAX);
+	return 0;
+}
+
+int tokenbucket_table_refund(struct tokenbucket_table *t, const void *key, size_t len, uint64_t n)
+{
+	return tokenbucket_table_refund_at(t, tb__now(), key, len, n);
 }
 
 void tokenbucket_table_cancel(struct tokenbucket_table *t, const void *key, size_t len,
@@ -1371,7 +1382,7 @@ static int table_init(struct tbt_mem *m, const struct tbt_config *k)
 			atomic_store_explicit(&s->fp, 0, memory_order_relaxed);
 			atomic_store_explicit(&s->state, TBT_EMPTY, memory_order_relaxed);
 			atomic_store_explicit(&s->clock, TB__NO_TIME, memory_order_relaxed);
-			atomic_store_explicit(&s->lowering, 0, memory_order_relaxed);
+			atomic_store_explicit(&s->spare, 0, memory_order_relaxed);
 		}
 	}
 	struct tbt_header *h = &m->header.h;
@@ -1777,16 +1788,10 @@ int tokenbucket_table_get_limit(struct tokenbucket_table *t, struct tokenbucket_
 /*
  * A key decided on several tables at once: n from the key's bucket in
  * every table, or from none, as src/core/set.c does it for buckets (the
- * same check, takes in order and give-backs on a refusal).  The
- * give-back differs in what it knows: a table's key keeps a tail and no
- * head, and a cancel lowers that tail, so "the tail never fell below the
- * ticket" is known only when no call lowered it since the take (the
- * slot's lowering word).  docs/table.md, "Several limits per key", has
- * the argument.
+ * same check, takes in order and give-backs on a refusal, by the rule a
+ * refund follows).  docs/table.md, "Several limits per key", has the
+ * argument.
  */
-
-/* Reads of the state a give-back makes, waiting for it to come back to its take's (as set.c). */
-#define TBT_UNDO_SPINS 64
 
 /* -EINVAL for tables no set call accepts: NULL, empty, too long, a NULL or repeated table. */
 static int check_tables(struct tokenbucket_table *const *tables, size_t count)
@@ -1835,103 +1840,28 @@ static bool key_short(const struct tokenbucket_table *t, const struct tbt_call *
 }
 
 /*
- * Takes back x tokens a give-back gave: the tail raised by x, as debt if
- * they were used meanwhile.  Nothing if the slot changed hands (the key's
- * bucket is gone: full, or another key's).
+ * Gives back the k->tokens a set's take took from its key, by the one rule
+ * (give_back_key).  The usual case is an undo: the state is still the one
+ * the take wrote, so its tail goes back to where the take found it, which
+ * is that rule in one compare-and-swap (a key's level is capped at burst
+ * when read, and that tail was no lower than full at the take).
  */
-static void take_back(struct tbt_slot *s, uint64_t after, uint64_t x)
+static void give_back(struct tokenbucket_table *t, struct tbt_call *c, struct tbt_taken *k)
 {
-	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
-		TB__ROUND();
-		uint64_t st = atomic_load(&s->state);
-		if (!same_owner(st, after) ||
-		    atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, st_tail(st) + x)))
-			return;
-	}
-}
-
-/*
- * Gives back the k->tokens a set's take of k took from its key, never more
- * than the key missed because of it, min(n, burst - M) with M the most the
- * key held since the take (docs/sets.md), and nothing when that cannot be
- * shown:
- *  - the slot changed hands (evicted, reused, voided): the key's bucket is
- *    gone, and a key without a bucket is full, so nothing is missed;
- *  - a rate or burst change, or a re-anchor, ran since (gen moved): as a
- *    bucket's reset, nothing;
- *  - a call lowered the tail since the take, or was lowering it then (the
- *    lowering word moved or was running): M is then unknown.
- * Undo: the state is still the one the take wrote, so the tail is back
- * where the take left it (later takes undone exactly by their sets): the
- * tail goes back to where the take found it, exact.  A cancel racing the
- * undo (a lowering after the check, undone by a take to the same word)
- * is found after the compare-and-swap, and the n are taken back.
- * Otherwise the tail never fell below the ticket since the take, so
- * M <= Q(at) - ticket at the key's clock at, and min(n, burst - (Q(at) -
- * ticket)) is given back by lowering the tail (itself a lowering, marked);
- * if the key's clock moved on before the compare-and-swap landed, what
- * the later time no longer allows is taken back.
- */
-static void give_back(struct tokenbucket_table *t, int64_t now, struct tbt_taken *k)
-{
-	uint64_t n = k->tokens, mark = k->lowering;
-	struct tbt_slot *s = k->slot;
+	uint64_t n = k->tokens, st = k->after;
 	k->tokens = 0;
-	if (n == 0 || s == NULL || (mark & TBT_LOWER_RUNNING))
+	if (n == 0 || k->slot == NULL ||
+	    atomic_compare_exchange_strong(&k->slot->state, &st, st_with_tail(st, k->base)))
 		return;
-	struct tbt_call c = {.now = tb__time(now)};
-	if (!read_regime(t, &c, UINT64_MAX) || c.v.gen != k->gen)
-		return;
-	for (int spin = 0; spin < TBT_UNDO_SPINS; spin++) {
-		uint64_t st = k->after;
-		if (atomic_load(&s->lowering) != mark)
-			return;
-		if (atomic_compare_exchange_strong(&s->state, &st, st_with_tail(st, k->base))) {
-			if (atomic_load(&s->lowering) != mark || !regime_holds(t, &c))
-				take_back(s, k->after, n);
-			return;
-		}
-		if (!same_owner(st, k->after))
-			return;
-		tb__cpu_relax();
-	}
-	uint64_t ticket = st_tail(k->after);
-	for (int round = 0; round < TB__ROUNDS_MAX; round++) {
-		TB__ROUND();
-		/* The state, then the lowering word: a lowering that landed before the state was read shows. */
-		uint64_t st = atomic_load(&s->state);
-		if (!same_owner(st, k->after) || atomic_load(&s->lowering) != mark)
-			return;
-		int64_t at = key_time(s, c.at);
-		if (!regime_holds(t, &c) || past_horizon(&c, at))
-			return;
-		int64_t room = (int64_t)c.burst - level_of(&c, at, ticket);
-		if (room <= 0)
-			return;
-		uint64_t g = (uint64_t)room < n ? (uint64_t)room : n;
-		bool done = lower(s, &st, st_tail(st) - g);
-		mark += TBT_LOWER_BEGIN + TBT_LOWER_END;
-		if (!done)
-			continue;
-		int64_t later = atomic_load(&s->clock);
-		if (!regime_holds(t, &c)) {
-			take_back(s, k->after, g);
-		} else if (later > at) {
-			int64_t after = (int64_t)c.burst - level_of(&c, later, ticket);
-			uint64_t fair = after <= 0 ? 0 : (uint64_t)after < g ? (uint64_t)after : g;
-			if (fair < g)
-				take_back(s, k->after, g - fair);
-		}
-		return;
-	}
+	give_back_key(t, c, n, INT64_MAX);
 }
 
 /* Gives back k[0] to k[i - 1], the latest first (so that undoing is likelier). */
-static void give_back_all(struct tokenbucket_table *const *tables, size_t i, int64_t now,
+static void give_back_all(struct tokenbucket_table *const *tables, size_t i, struct tbt_call *c,
 			  struct tbt_taken *k)
 {
 	while (i-- > 0)
-		give_back(tables[i], now, &k[i]);
+		give_back(tables[i], &c[i], &k[i]);
 }
 
 int tokenbucket_table_allow_all_at(struct tokenbucket_table *const *tables, size_t count,
@@ -1967,7 +1897,7 @@ int tokenbucket_table_allow_all_at(struct tokenbucket_table *const *tables, size
 		if (err == 0)
 			err = take(tables[i], &c[i], n, true, &o[i], &k[i]);
 		if (err || !o[i].allowed) {
-			give_back_all(tables, i, now, k);
+			give_back_all(tables, i, c, k);
 			/* -EDEADLK, -EBADMSG: nothing taken. */
 			if (err)
 				return err;

@@ -64,20 +64,8 @@ struct tbt_slot {
 	_Atomic uint64_t fp;      /* fingerprint and claim tag; meaningful while state is even, not empty */
 	_Atomic uint64_t state;   /* version, empty, tail */
 	_Atomic int64_t clock;    /* the key's latest time: its calls never run backwards */
-	/*
-	 * [done:32 | running:32]: a call that lowers the tail other than by
-	 * undoing its own take exactly (a cancel, a give-back that cannot
-	 * undo) adds TBT_LOWER_BEGIN before its compare-and-swap and
-	 * TBT_LOWER_END after, so a set's give-back can tell whether any did
-	 * since its take (docs/table.md, "Several limits per key").  Only
-	 * compared: any value is safe.  Zero in a new table.
-	 */
-	_Atomic uint64_t lowering;
+	_Atomic uint64_t spare;   /* zero in a new table; unused, so any value is safe */
 };
-
-#define TBT_LOWER_BEGIN UINT64_C(1)
-#define TBT_LOWER_END ((UINT64_C(1) << 32) - 1)
-#define TBT_LOWER_RUNNING UINT64_C(0xffffffff)
 
 struct tbt_line {
 	alignas(64) struct tbt_slot slot[2];
