@@ -685,6 +685,7 @@ config)
 	bad "$z" "location / { tokenbucket zone=z; }" tokenbucket 'key='
 	bad "$z" "$l tokenbucket_status 200;" tokenbucket_status '"200"' 'between 400 and 599'
 	bad "$z $z" "" tokenbucket_zone '"z" is already defined'
+	bad "$z tokenbucket_zone zone=z keys=20 rate=1r/s;" "" tokenbucket_zone '"z" is already defined'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s rate=2r/s rate=3r/s rate=4r/s rate=5r/s;" "" \
 		tokenbucket_zone 'rate=5r/s' '4 rates at most'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=2 burst=3;" "" \
@@ -728,6 +729,9 @@ config)
 		tokenbucket_zone 'lease_keys=0'
 	write_conf "$z" "$l"
 	check "a good configuration passes nginx -t" \
+		eval '(run_nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/t.log")'
+	write_conf "tokenbucket zone=late key=x; tokenbucket_zone zone=late keys=10 rate=1r/s;" ""
+	check "a zone used before its tokenbucket_zone passes nginx -t" \
 		eval '(run_nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/t.log")'
 	write_conf "$z tokenbucket_zone zone=r redis=redis://127.0.0.1:1 rate=2.5r/min burst=3
 		\"prefix={api}:\" fallback=0.25 timeout=50ms;
