@@ -16,15 +16,17 @@
  *
  * A local zone's table is placed once in the zone's slab pool by the
  * master; every worker uses it lock-free (nginx's zone mutex is never taken
- * after that).  A reload keeps a zone whose size, rate, burst, keys and
- * policy are unchanged: nginx hands the old memory to the new cycle and
- * the table is attached, not initialised.  Any change gives the zone fresh
- * memory.  A local zone of several rates ("rate=10r/s rate=1000r/h") keeps
- * a table per rate, side by side in its memory, and a request takes its
- * cost from every table or from none (tokenbucket_table_allow_all_at, or
- * a reservation per table where the zone must reserve); a Redis zone of
- * several rates keeps them in one key (tokenbucket_redis_async_allow_all)
- * and decides last in its location, having nothing to give back.
+ * after that).  A zone's shm name carries a digest of its terms, so a
+ * reload keeps a zone whose size, rates, bursts, keys and policy are
+ * unchanged (nginx hands the same memory to the new cycle and the tables
+ * are attached, not initialised) and any change makes it another zone to
+ * nginx, with fresh memory.  A local zone of several rates ("rate=10r/s
+ * rate=1000r/h") keeps a table per rate, side by side in its memory, and
+ * a request takes its cost from every table or from none
+ * (tokenbucket_table_allow_all_at, or a reservation per table where the
+ * zone must reserve); a Redis zone of several rates keeps them in one key
+ * (tokenbucket_redis_async_allow_all) and decides last in its location,
+ * having nothing to give back.
  *
  * A Redis zone is decided by libtokenbucket-redis's asynchronous client,
  * one per zone in each worker (opened in init_process), driven by nginx's
@@ -263,31 +265,66 @@ ngx_module_t ngx_http_tokenbucket_module = {
 
 /* ---- The zone ------------------------------------------------------------ */
 
+/*
+ * The tables a cycle before this one placed in the zone: nginx reuses a
+ * zone's memory for a zone of the same shm name and size only, and the
+ * name carries a digest of the terms, so they are this zone's terms; each
+ * is checked all the same before a worker may use it.
+ */
+static ngx_int_t ngx_http_tokenbucket_attach(ngx_shm_zone_t *shm_zone)
+{
+	ngx_http_tokenbucket_zone_t *z = shm_zone->data;
+	u_char *mem = ((ngx_slab_pool_t *)shm_zone->shm.addr)->data;
+	struct tokenbucket_limit lim;
+	struct tokenbucket_table_stats st;
+	ngx_uint_t t;
+	int rc = 0;
+
+	if (mem < shm_zone->shm.addr ||
+	    mem + z->nrates * z->table_size > shm_zone->shm.addr + shm_zone->shm.size)
+		goto bad;
+	for (t = 0; t < z->nrates; t++) {
+		rc = tokenbucket_table_attach_shared(&z->table[t], mem + t * z->table_size,
+						     z->table_size);
+		if (rc == 0)
+			rc = tokenbucket_table_get_limit(z->table[t], &lim);
+		if (rc == 0)
+			rc = tokenbucket_table_stats(z->table[t], &st);
+		if (rc != 0)
+			goto bad;
+		/* get_limit gives the rate in lowest terms, the parser may not. */
+		if ((unsigned __int128)lim.tokens * (uint64_t)z->rate[t].period_ns !=
+			    (unsigned __int128)z->rate[t].tokens * (uint64_t)lim.period_ns ||
+		    lim.burst != z->rate[t].burst || st.capacity != z->capacity)
+			goto bad;
+	}
+	z->mem = mem;
+	return NGX_OK;
+
+bad:
+	ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, -rc,
+		      "tokenbucket_zone \"%V\": the memory kept over the reload does not hold "
+		      "this zone's tables", &z->name);
+	return NGX_ERROR;
+}
+
+/*
+ * The master's, once per cycle.  Whether the memory is kept is told by the
+ * memory itself (the slab pool's data, set once the tables are placed), not
+ * by data, the old cycle's zone: nginx versions differ in when they pass it.
+ */
 static ngx_int_t ngx_http_tokenbucket_init_zone(ngx_shm_zone_t *shm_zone, void *data)
 {
-	ngx_http_tokenbucket_zone_t *z = shm_zone->data, *old = data;
+	ngx_http_tokenbucket_zone_t *z = shm_zone->data;
 	ngx_slab_pool_t *shpool = (ngx_slab_pool_t *)shm_zone->shm.addr;
 	ngx_uint_t t;
 	int rc;
 
+	(void)data;
 	if (z->nseeds > 0)
 		return NGX_OK; /* a Redis zone keeps nothing here */
-	if (old != NULL) {
-		/* A reload with unchanged parameters (else noreuse was set). */
-		z->mem = old->mem;
-		for (t = 0; t < z->nrates; t++) {
-			rc = tokenbucket_table_attach_shared(&z->table[t],
-							     (u_char *)z->mem + t * z->table_size,
-							     z->table_size);
-			if (rc != 0) {
-				ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, -rc,
-					      "tokenbucket_zone \"%V\": cannot attach the table "
-					      "kept over reload", &z->name);
-				return NGX_ERROR;
-			}
-		}
-		return NGX_OK;
-	}
+	if (shpool->data != NULL)
+		return ngx_http_tokenbucket_attach(shm_zone);
 	z->mem = ngx_slab_alloc(shpool, z->nrates * z->table_size);
 	if (z->mem == NULL) {
 		ngx_log_error(NGX_LOG_EMERG, shm_zone->shm.log, 0,
@@ -320,19 +357,14 @@ static void ngx_http_tokenbucket_free_handle(void *data)
 	}
 }
 
-/* The old cycle's zone of that name, if it is ours. */
-static ngx_http_tokenbucket_zone_t *ngx_http_tokenbucket_old_zone(ngx_conf_t *cf,
-								    ngx_str_t *name)
+/* This module's shared zone that tokenbucket_zone NAME added to cycle, or NULL. */
+static ngx_shm_zone_t *ngx_http_tokenbucket_zone_of(ngx_cycle_t *cycle, ngx_str_t *name)
 {
-	ngx_cycle_t *old = cf->cycle->old_cycle;
-	ngx_list_part_t *part;
-	ngx_shm_zone_t *zone;
+	ngx_list_part_t *part = &cycle->shared_memory.part;
+	ngx_shm_zone_t *zone = part->elts;
+	ngx_http_tokenbucket_zone_t *z;
 	ngx_uint_t i;
 
-	if (old == NULL || old->shared_memory.part.elts == NULL)
-		return NULL;
-	part = &old->shared_memory.part;
-	zone = part->elts;
 	for (i = 0;; i++) {
 		if (i >= part->nelts) {
 			if (part->next == NULL)
@@ -340,11 +372,53 @@ static ngx_http_tokenbucket_zone_t *ngx_http_tokenbucket_old_zone(ngx_conf_t *cf
 			part = part->next;
 			zone = part->elts;
 			i = 0;
+			if (part->nelts == 0)
+				continue;
 		}
-		if (zone[i].tag == &ngx_http_tokenbucket_module && zone[i].shm.name.len == name->len &&
-		    ngx_strncmp(zone[i].shm.name.data, name->data, name->len) == 0)
-			return zone[i].data;
+		z = zone[i].data;
+		if (zone[i].tag == &ngx_http_tokenbucket_module && z != NULL &&
+		    z->name.len == name->len && ngx_strncmp(z->name.data, name->data, name->len) == 0)
+			return &zone[i];
 	}
+}
+
+/*
+ * Adds z's shared zone of size bytes, named "NAME#DIGEST" by its terms:
+ * nginx gives memory of a zone of the same shm name and size to the next
+ * cycle, so a zone reloaded unchanged keeps its tables and a changed one is
+ * another zone to nginx, whatever its noreuse handling.
+ */
+static ngx_shm_zone_t *ngx_http_tokenbucket_shm_add(ngx_conf_t *cf, ngx_http_tokenbucket_zone_t *z,
+						    size_t size)
+{
+	ngx_shm_zone_t *shm_zone;
+	ngx_str_t shm_name;
+	uint32_t crc;
+	u_char kind = z->nseeds > 0 ? 'r' : 't';
+
+	if (ngx_http_tokenbucket_zone_of(cf->cycle, &z->name) != NULL) {
+		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone \"%V\" is already defined",
+				   &z->name);
+		return NULL;
+	}
+	ngx_crc32_init(crc);
+	ngx_crc32_update(&crc, &kind, 1);
+	ngx_crc32_update(&crc, (u_char *)&z->nrates, sizeof(z->nrates));
+	ngx_crc32_update(&crc, (u_char *)z->rate, z->nrates * sizeof(z->rate[0]));
+	ngx_crc32_update(&crc, (u_char *)&z->capacity, sizeof(z->capacity));
+	ngx_crc32_update(&crc, (u_char *)&z->flags, sizeof(z->flags));
+	ngx_crc32_update(&crc, (u_char *)&size, sizeof(size));
+	ngx_crc32_final(crc);
+	shm_name.data = ngx_pnalloc(cf->pool, z->name.len + sizeof("#ffffffff") - 1);
+	if (shm_name.data == NULL)
+		return NULL;
+	shm_name.len = ngx_sprintf(shm_name.data, "%V#%08xD", &z->name, crc) - shm_name.data;
+	shm_zone = ngx_shared_memory_add(cf, &shm_name, size, &ngx_http_tokenbucket_module);
+	if (shm_zone == NULL)
+		return NULL;
+	shm_zone->init = ngx_http_tokenbucket_init_zone;
+	shm_zone->data = z;
+	return shm_zone;
 }
 
 static char *ngx_http_tokenbucket_param(ngx_conf_t *cf, ngx_str_t *v, const char *what,
@@ -441,7 +515,6 @@ static const char *ngx_http_tokenbucket_seeds(ngx_conf_t *cf, ngx_http_tokenbuck
 static char *ngx_http_tokenbucket_redis_zone(ngx_conf_t *cf, ngx_http_tokenbucket_zone_t *z,
 					     ssize_t size, uint64_t keys)
 {
-	ngx_shm_zone_t *shm_zone;
 	u_char *p;
 
 	if (size != 0 || keys != 0 || z->flags != 0) {
@@ -505,29 +578,18 @@ static char *ngx_http_tokenbucket_redis_zone(ngx_conf_t *cf, ngx_http_tokenbucke
 		}
 	}
 	/*
-	 * A small shared zone names the zone for "tokenbucket zone=NAME" as a
-	 * table's does; nothing is kept in it, so it never outlives a cycle.
+	 * A small shared zone holds the zone's terms for "tokenbucket
+	 * zone=NAME", as a table's does; nothing is kept in its memory.
 	 */
-	shm_zone = ngx_shared_memory_add(cf, &z->name, NGX_HTTP_TB_SLAB_PAGES * ngx_pagesize,
-					 &ngx_http_tokenbucket_module);
-	if (shm_zone == NULL)
+	if (ngx_http_tokenbucket_shm_add(cf, z, NGX_HTTP_TB_SLAB_PAGES * ngx_pagesize) == NULL)
 		return NGX_CONF_ERROR;
-	if (shm_zone->data != NULL) {
-		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone \"%V\" is already defined",
-				   &z->name);
-		return NGX_CONF_ERROR;
-	}
-	shm_zone->noreuse = 1;
-	shm_zone->init = ngx_http_tokenbucket_init_zone;
-	shm_zone->data = z;
 	return NGX_CONF_OK;
 }
 
 static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
 	ngx_str_t *value = cf->args->elts, name = ngx_null_string, v;
-	ngx_http_tokenbucket_zone_t *z, *old;
-	ngx_shm_zone_t *shm_zone;
+	ngx_http_tokenbucket_zone_t *z;
 	ngx_pool_cleanup_t *cln;
 	ssize_t size = 0;
 	uint64_t keys = 0;
@@ -753,23 +815,8 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	}
 	z->name = name;
 
-	shm_zone = ngx_shared_memory_add(cf, &name, (size_t)size, &ngx_http_tokenbucket_module);
-	if (shm_zone == NULL)
+	if (ngx_http_tokenbucket_shm_add(cf, z, (size_t)size) == NULL)
 		return NGX_CONF_ERROR;
-	if (shm_zone->data != NULL) {
-		ngx_conf_log_error(NGX_LOG_EMERG, cf, 0, "tokenbucket_zone \"%V\" is already defined",
-				   &name);
-		return NGX_CONF_ERROR;
-	}
-	/* Memory kept over a reload must hold a table of exactly these terms. */
-	old = ngx_http_tokenbucket_old_zone(cf, &name);
-	if (old != NULL &&
-	    (old->nseeds != 0 || old->nrates != z->nrates ||
-	     ngx_memcmp(old->rate, z->rate, z->nrates * sizeof(z->rate[0])) != 0 ||
-	     old->capacity != z->capacity || old->flags != z->flags))
-		shm_zone->noreuse = 1;
-	shm_zone->init = ngx_http_tokenbucket_init_zone;
-	shm_zone->data = z;
 
 	cln = ngx_pool_cleanup_add(cf->pool, 0);
 	if (cln == NULL)
@@ -850,10 +897,17 @@ static char *ngx_http_tokenbucket(ngx_conf_t *cf, ngx_command_t *cmd, void *conf
 				   "tokenbucket: \"zone=\" and \"key=\" are required");
 		return NGX_CONF_ERROR;
 	}
-	limit->shm_zone =
-		ngx_shared_memory_add(cf, &name, 0, &ngx_http_tokenbucket_module);
-	if (limit->shm_zone == NULL)
-		return NGX_CONF_ERROR;
+	/*
+	 * The shm zone's name is not NAME (see shm_add): a zone defined
+	 * further on is found by merge_conf, through this stand-in's name.
+	 */
+	limit->shm_zone = ngx_http_tokenbucket_zone_of(cf->cycle, &name);
+	if (limit->shm_zone == NULL) {
+		limit->shm_zone = ngx_pcalloc(cf->pool, sizeof(*limit->shm_zone));
+		if (limit->shm_zone == NULL)
+			return NGX_CONF_ERROR;
+		limit->shm_zone->shm.name = name;
+	}
 	return NGX_CONF_OK;
 
 invalid:
@@ -897,6 +951,7 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 	ngx_http_tokenbucket_conf_t *prev = parent, *conf = child;
 	ngx_http_tokenbucket_limit_t *l;
 	ngx_http_tokenbucket_zone_t *z;
+	ngx_shm_zone_t *sz;
 	ngx_uint_t i;
 
 	/* As limit_req: a level with no limit of its own takes its parent's. */
@@ -909,6 +964,11 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 	if (conf->limits != NULL) {
 		l = conf->limits->elts;
 		for (i = 0; i < conf->limits->nelts; i++) {
+			if (l[i].shm_zone->data == NULL) {
+				sz = ngx_http_tokenbucket_zone_of(cf->cycle, &l[i].shm_zone->shm.name);
+				if (sz != NULL)
+					l[i].shm_zone = sz;
+			}
 			z = l[i].shm_zone->data;
 			if (z == NULL) {
 				ngx_conf_log_error(NGX_LOG_EMERG, cf, 0,

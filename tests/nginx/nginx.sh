@@ -175,11 +175,13 @@ not_in_log() { ! grep -qE "$1" "$prefix/error.log"; }
 # reload_nginx ZONES LOCATIONS: a reload (SIGHUP) to the configuration with
 # one more location, and a second for the new workers to take over.
 reload_nginx() {
+	local n
+	n=$(grep -c 'reconfiguring' "$prefix/error.log")
 	write_conf "$1" "$2
 		location /index.html { }"
 	kill -HUP "$master"
 	for _ in $(seq 50); do
-		grep -q 'reconfiguring' "$prefix/error.log" && break
+		[ "$(grep -c 'reconfiguring' "$prefix/error.log")" -gt "$n" ] && break
 		sleep 0.1
 	done
 	sleep 1
@@ -399,6 +401,76 @@ reload)
 	sleep 2
 	check "a zone whose burst changed starts afresh" \
 		test "$(get /slow/ 7 0 "X-Key: k" | count 200)" = 6
+	;;
+reloads)
+	# Reloads in a row under load, each kind of change and none: the
+	# master survives them all, every response is 200 or 429, an unchanged
+	# zone keeps its keys, a changed (resized, renamed, re-homed) one
+	# starts full.
+	start_redis
+	for d in rc added; do
+		mkdir -p "$prefix/html/$d"
+		echo hello >"$prefix/html/$d/index.html"
+	done
+	base="
+	tokenbucket_zone zone=keep keys=1024 rate=1r/h burst=3;
+	tokenbucket_zone zone=hot keys=64 rate=100r/s burst=20;"
+	locs="
+		location /slow/ { tokenbucket zone=keep key=\$http_x_key; }
+		location /hot/ { tokenbucket zone=hot key=\$http_x_key; }
+		location /rc/ { tokenbucket zone=rc key=\$http_x_key; }"
+	step() { # step NAME RC_ZONE_PARAMS [ZONES LOCATIONS]: reload to it
+		reload_nginx "$base
+	tokenbucket_zone zone=rc $2;${3:-}" "$locs${4:-}"
+		check "$1: the master $master lives on" \
+			test "$(cat "$prefix/nginx.pid" 2>/dev/null)" = "$master" -a -d "/proc/$master"
+		check "$1: keep's drained key stays drained" \
+			test "$(get /slow/ 1 0 "X-Key: k" | count 429)" = 1
+	}
+	# rc_has N WHAT: key k of rc grants N more, then refuses.
+	rc_has() {
+		check "rc $2: $1 left for k" test "$(get /rc/ $(($1 + 1)) 0 "X-Key: k" | count 200)" = "$1"
+	}
+	write_conf "$base
+	tokenbucket_zone zone=rc keys=1024 rate=1r/h burst=4;" "$locs"
+	start_nginx
+	check "keep: 3 of 4 granted" test "$(get /slow/ 4 0 "X-Key: k" | count 200)" = 3
+	rc_has 4 "at the start"
+	: >"$prefix/load.out"
+	loaders=()
+	for p in /hot/ /rc/; do
+		while [ ! -e "$prefix/stop" ]; do get $p 50 4000 "X-Key: load"; done >>"$prefix/load.out" &
+		loaders+=($!)
+	done
+	step "rate changed" "keys=1024 rate=2r/h burst=4"
+	rc_has 4 "changed: starts full"
+	step "unchanged" "keys=1024 rate=2r/h burst=4"
+	rc_has 0 "unchanged: keeps its level"
+	step "a zone added" "keys=1024 rate=2r/h burst=4" "
+	tokenbucket_zone zone=added keys=64 rate=1r/h burst=2;" "
+		location /added/ { tokenbucket zone=added key=\$http_x_key; }"
+	check "added: 2 of 3 granted" test "$(get /added/ 3 0 "X-Key: k" | count 200)" = 2
+	step "renamed" "keys=1024 rate=2r/h burst=4" "
+	tokenbucket_zone zone=renamed keys=64 rate=1r/h burst=2;" "
+		location /added/ { tokenbucket zone=renamed key=\$http_x_key; }"
+	check "renamed: a new zone, full" test "$(get /added/ 3 0 "X-Key: k" | count 200)" = 2
+	step "a zone removed, rc resized" "zone=rc:1m rate=2r/h burst=4"
+	rc_has 4 "resized: starts full"
+	step "unchanged again" "zone=rc:1m rate=2r/h burst=4"
+	rc_has 0 "unchanged: keeps its level"
+	step "local to Redis" "redis=redis://127.0.0.1:$redis_port rate=2r/h burst=4"
+	rc_has 4 "in Redis: starts full"
+	step "Redis to local" "zone=rc:1m rate=2r/h burst=4"
+	rc_has 4 "local again: starts full"
+	step "unchanged after all" "zone=rc:1m rate=2r/h burst=4"
+	rc_has 0 "unchanged: keeps its level"
+	touch "$prefix/stop"
+	wait "${loaders[@]}"
+	check "every response under load was 200 or 429 ($(wc -l <"$prefix/load.out") of them)" \
+		test "$(awk '$2 != 200 && $2 != 429' "$prefix/load.out" | wc -l)" = 0 -a \
+		"$(count 200 <"$prefix/load.out")" -gt 0
+	check "no worker crashed, no zone failed, no reload refused" \
+		not_in_log 'exited on signal|zone "[^"]*" failed|\[emerg\]|\[alert\]'
 	;;
 kill | redis-kill)
 	# A worker SIGKILLed under load: the master respawns it, the zone stays
@@ -685,6 +757,7 @@ config)
 	bad "$z" "location / { tokenbucket zone=z; }" tokenbucket 'key='
 	bad "$z" "$l tokenbucket_status 200;" tokenbucket_status '"200"' 'between 400 and 599'
 	bad "$z $z" "" tokenbucket_zone '"z" is already defined'
+	bad "$z tokenbucket_zone zone=z keys=20 rate=1r/s;" "" tokenbucket_zone '"z" is already defined'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s rate=2r/s rate=3r/s rate=4r/s rate=5r/s;" "" \
 		tokenbucket_zone 'rate=5r/s' '4 rates at most'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=2 burst=3;" "" \
@@ -728,6 +801,9 @@ config)
 		tokenbucket_zone 'lease_keys=0'
 	write_conf "$z" "$l"
 	check "a good configuration passes nginx -t" \
+		eval '(run_nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/t.log")'
+	write_conf "tokenbucket zone=late key=x; tokenbucket_zone zone=late keys=10 rate=1r/s;" ""
+	check "a zone used before its tokenbucket_zone passes nginx -t" \
 		eval '(run_nginx -t -q -p "$prefix" -c "$prefix/nginx.conf" -e "$prefix/t.log")'
 	write_conf "$z tokenbucket_zone zone=r redis=redis://127.0.0.1:1 rate=2.5r/min burst=3
 		\"prefix={api}:\" fallback=0.25 timeout=50ms;
