@@ -622,6 +622,16 @@ static void run_table(struct input *in)
 			break;
 		}
 		case 3:
+			if ((op / 5) & 1) {
+				/* A refund of the key's stored reservation, or of n: exact at any time. */
+				uint64_t back = ra[key].tokens ? ra[key].tokens : n;
+				opname = "table_refund_at";
+				trace("table_refund_at(%" PRId64 ", key %u, %" PRIu64 ")", at, key, back);
+				same_i64("error", tokenbucket_table_refund_at(t, at, &key, 1, back), 0);
+				model_refund_at(m[key], at, back);
+				ra[key].tokens = rb[key].tokens = 0;
+				break;
+			}
 			opname = "table_cancel_at";
 			trace("table_cancel_at(key %u, %" PRId64 ")", key, at);
 			tokenbucket_table_cancel_at(t, &key, 1, &ra[key], at);
@@ -651,7 +661,7 @@ static void run_table(struct input *in)
  * the model of a set call is the single-bucket calls it is made of, on
  * the models: allow_all allows when every model holds n (then takes n from
  * each), reporting the first bucket short among those after the first,
- * else the first; reserve_all reserves from each in order and cancels the
+ * else the first; reserve_all reserves from each in order and refunds the
  * earlier ones at the same time when one refuses, acting at the latest
  * time_to_act; a reserve_all cancelled at once leaves every model as it
  * was.  Times only grow.  Every level is compared after every call.
@@ -730,8 +740,9 @@ static void run_set(struct input *in)
 			for (int i = 0; i < SET_BUCKETS && eb == 0; i++) {
 				eb = model_reserve_at(m[i], now, n, wait, &b[i]);
 				if (eb) {
+					/* The set's give-back is the refund rule. */
 					while (i-- > 0)
-						model_cancel_at(m[i], &b[i], now);
+						model_refund_at(m[i], now, b[i].tokens);
 				} else if (b[i].time_to_act > act) {
 					act = b[i].time_to_act;
 				}

@@ -159,7 +159,11 @@ static void raise_ceil(struct model *m, uint64_t n)
 	m->ceil += n < (uint64_t)room ? n : (uint64_t)room;
 }
 
-/* refund and cancel: add at head within burst; capped, the ceiling follows. */
+/*
+ * The give-back rule (docs/core.md, "Giving back"), for refund, cancel and
+ * a set's refused take: add at head within burst; capped, the ceiling
+ * follows.
+ */
 static void give_back(struct model *m, uint64_t n)
 {
 	i128 room = (i128)m->burst - level(m);
@@ -603,6 +607,18 @@ int model_release(struct model *m, uint64_t n)
 		raise_ceil(m, n);
 	UNLOCK(m);
 	return err;
+}
+
+void model_refund_at(struct model *m, int64_t now, uint64_t n)
+{
+	if (m == NULL)
+		return;
+	LOCK(m);
+	if (m->kind != MODEL_INF) {
+		advance(m, now);
+		give_back(m, n);
+	}
+	UNLOCK(m);
 }
 
 void model_refund(struct model *m, uint64_t n)
