@@ -30,7 +30,14 @@ int tokenbucket_redis_wait(struct tokenbucket_redis *r, const void *key, size_t 
 	int64_t delay = res.retry_after_ns;
 	int64_t target = delay >= TOKENBUCKET_NEVER - start ? TOKENBUCKET_NEVER - 1 : start + delay;
 	err = tb__sleep_until(target, cancel_fd);
-	if (err != 0)
+	if (err != 0) {
+		/*
+		 * A wait that fails takes nothing: Go's cancel that is never too
+		 * late is the refund rule, to Redis or to the fallback's bucket
+		 * that granted the reservation, whatever the server's clock says.
+		 */
+		rv.time_to_act = TOKENBUCKET_NEVER;
 		tokenbucket_redis_cancel(r, key, keylen, lim, &rv);
+	}
 	return err;
 }

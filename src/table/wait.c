@@ -14,15 +14,15 @@
 #include "table.h"
 
 /*
- * A wait that fails takes nothing: the whole reservation goes back, even
- * when the failure is noticed after time_to_act (while it sleeps on for
- * tokens a rate change held back).
+ * A wait that fails takes nothing: the whole reservation goes back by the
+ * refund rule, even when the failure is noticed after time_to_act (while
+ * it sleeps on for tokens a rate change held back).
  */
 static int give_back(struct tokenbucket_table *t, const void *key, size_t len,
 		     struct tokenbucket_reservation *r, int err)
 {
-	r->time_to_act = TOKENBUCKET_NEVER; /* ours: never too late to give it back */
-	tokenbucket_table_cancel_at(t, key, len, r, tb__now());
+	(void)tokenbucket_table_refund(t, key, len, r->tokens);
+	r->tokens = 0;
 	return err;
 }
 

@@ -247,6 +247,13 @@ static void cancel_pending(void)
 	if (!g.pending.active)
 		return;
 	g.pending.active = false;
+	/*
+	 * Nothing of a pending reservation was used: Go's cancel that is never
+	 * too late gives it all back, as a refund does (docs/core.md, "Giving
+	 * back"), on every bucket, local or in Redis.
+	 */
+	for (size_t i = 0; i < (g.count > 1 ? g.count : 1); i++)
+		g.pending.r[i].time_to_act = TOKENBUCKET_NEVER;
 #ifdef TBRATE_HAVE_REDIS
 	if (g.lease)
 		return; /* a lease's wait takes nothing unless it succeeds */
