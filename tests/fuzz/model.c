@@ -614,7 +614,8 @@ void model_refund_at(struct model *m, int64_t now, uint64_t n)
 	if (m == NULL)
 		return;
 	LOCK(m);
-	if (m->kind != MODEL_INF) {
+	/* n 0 changes nothing, the clock included (as cancel_at of 0 tokens). */
+	if (n != 0 && m->kind != MODEL_INF) {
 		advance(m, now);
 		give_back(m, n);
 	}

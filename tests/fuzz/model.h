@@ -68,7 +68,7 @@ uint64_t model_grab(struct model *m, uint64_t n);
 void model_replenish(struct model *m, int64_t now);
 int model_release(struct model *m, uint64_t n);
 void model_refund(struct model *m, uint64_t n);
-/* refund at now: the clock moves to now first, as a table key's refund_at does. */
+/* refund at now: the clock moves to now first, as a table key's refund_at does; n 0 changes nothing. */
 void model_refund_at(struct model *m, int64_t now, uint64_t n);
 uint64_t model_deficiency(struct model *m, uint64_t ticket);
 int model_set_threshold(struct model *m, uint64_t threshold);
