@@ -69,11 +69,14 @@ check() { # check DESCRIPTION COMMAND...
 	if "$@"; then ok "$what"; else fail "$what"; fi
 }
 
-mkdir -p "$prefix/html" "$prefix/tmp"
-echo hello >"$prefix/html/index.html"
-for p in a b both a-only bytes delay slow dry flood open evict hot rr rr2; do
-	mkdir -p "$prefix/html/$p"
-	echo hello >"$prefix/html/$p/index.html"
+# page DIR: a page at /DIR/ (DIR/index.html under the root).
+page() {
+	mkdir -p "$prefix/html/$1"
+	echo hello >"$prefix/html/$1/index.html"
+}
+mkdir -p "$prefix/tmp"
+for p in "" a b both a-only bytes delay slow dry flood open evict hot rr rr2; do
+	page "$p"
 done
 port=$("$client" port)
 
@@ -165,6 +168,9 @@ get() {
 	"$client" "$port" "$n" "$us" "$path" "$@"
 }
 count() { awk -v s="$1" '$2 == s { n++ } END { print n + 0 }'; }
+# tokens_left PATH KEY: the line of one request whose cost (X-Cost: 100000)
+# is above PATH's burst: refused, it reports the key's tokens left.
+tokens_left() { get "$1" 1 0 "X-Key: $2" "X-Cost: 100000"; }
 # response PATH KEY: one request's whole response, headers included, raw.
 response() {
 	printf 'GET %s HTTP/1.1\r\nHost: x\r\nX-Key: %s\r\nConnection: close\r\n\r\n' "$1" "$2" |
@@ -217,6 +223,21 @@ both_clients() {
 	c2=$!
 	wait "$c1" "$c2"
 	all=$(sort -n "$prefix/c1.out" "$prefix/c2.out")
+}
+
+# many_clients C PATH N [HEADER ...]: C clients at once, each sending N
+# requests back to back on its keep-alive connection; all their lines in
+# $all.  Each waits for every response, so none is cut short.
+many_clients() {
+	local c=$1 path=$2 n=$3 i pids=()
+	shift 3
+	for i in $(seq "$c"); do
+		get "$path" "$n" 0 "$@" >"$prefix/many.$i" &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	all=$(cat "$prefix"/many.*)
+	rm -f "$prefix"/many.*
 }
 
 # check_delays WHAT: 11 requests on /delay/ (10r/s, burst 1, delay=5s) are
@@ -337,7 +358,7 @@ rates)
 	# gives back what its quota gave.  A cost above the quota's burst is
 	# refused by the quota, whose remaining tokens the refusal reports.
 	granted=$(get /slow/ 4 0 "X-Key: r1" | count 200)
-	left=$(get /open/ 1 0 "X-Key: r1" "X-Cost: 100" | awk '{ print $2 "," $3 }')
+	left=$(tokens_left /open/ r1 | awk '{ print $2 "," $3 }')
 	check "qp's quota lost only the $granted granted" test "$left" = "429,$((5 - granted))"
 	reload_nginx "$zones" "$locs"
 	check "after a reload, q1 is still out of quota" test "$(get /a/ 1 0 "X-Key: q1" | count 200)" = 0
@@ -725,6 +746,69 @@ redis-down)
 	check "Redis back: a fresh key gets Redis's burst of 10" \
 		test "$(get /slow/ 12 0 "X-Key: k6" | count 200)" = 10
 	check "and Redis holds it" test "$(rcli exists tokenbucket:s:k6)" = 1
+	;;
+chain)
+	# One key through two zones, A then B, from 32 clients at once (each on
+	# its keep-alive connection, over two workers), in each order: table
+	# then table, table then Redis, Redis then table.  B (1r/h, burst 5)
+	# grants 5 and refuses every other request; a refused request takes
+	# nothing from A.  A slow A (1r/h, burst 1000) makes it exact: A loses
+	# what the chain granted.  A fast one (10r/s, burst 10) holds at least
+	# what a lone A would after the same grants: burst - 5 plus what it has
+	# made since the last of them, up to its burst.  A generous timeout: a
+	# call that times out (500) has taken A's tokens in Redis.
+	start_redis
+	r="redis=redis://127.0.0.1:$redis_port timeout=10s"
+	zones="
+	tokenbucket_zone zone=ta keys=64 rate=1r/h burst=1000;
+	tokenbucket_zone zone=ra $r rate=1r/h burst=1000;
+	tokenbucket_zone zone=ta10 keys=64 rate=10r/s burst=10;
+	tokenbucket_zone zone=ra10 $r rate=10r/s burst=10;
+	tokenbucket_zone zone=tb keys=64 rate=1r/h burst=5;
+	tokenbucket_zone zone=rb $r rate=1r/h burst=5;"
+	runs="ta,tb ta,rb ra,tb ta10,tb ta10,rb ra10,tb"
+	locs=
+	for a in ta ra ta10 ra10; do # /qta/ and the like: A alone, the cost a header's
+		locs+="
+		location /q$a/ { tokenbucket zone=$a key=\$http_x_key cost=\$http_x_cost; }"
+		page "q$a"
+	done
+	for run in $runs; do # /ta-tb/ and the like: A then B
+		locs+="
+		location /${run/,/-}/ {
+			tokenbucket zone=${run%,*} key=\$http_x_key;
+			tokenbucket zone=${run#*,} key=\$http_x_key;
+		}"
+		page "${run/,/-}"
+	done
+	write_conf "$zones" "$locs"
+	start_nginx
+	for run in $runs; do
+		a=${run%,*} path=/${run/,/-}/ key=${run/,/-}
+		many_clients 32 "$path" 200 "X-Key: $key"
+		granted=$(count 200 <<<"$all")
+		refused=$(count 429 <<<"$all")
+		sleep 0.1 # the Redis refunds, not awaited
+		q=$(tokens_left "/q$a/" "$key")
+		left=$(awk '{ print $2 "," $3 }' <<<"$q")
+		if [ "$a" = "${a%10}" ]; then
+			floor=$((1000 - granted))
+		else # the key's tokens made from the last grant's response to the query
+			floor=$(awk -v g="$granted" -v q="${q%% *}" '
+				$2 == 200 && $1 + $5 > end { end = $1 + $5 }
+				END { f = 10 - g + int((q - end) * 10 / 1e9); print f < 10 ? f : 10 }' <<<"$all")
+		fi
+		echo "  $path: $granted granted, $refused refused of $(wc -l <<<"$all");" \
+			"$a left: ${left#*,} (floor $floor)"
+		check "$path: B's 5 granted, the other 6395 refused" \
+			test "$granted" = 5 -a "$refused" = 6395
+		if [ "$a" = "${a%10}" ]; then
+			check "$path: $a lost only the $granted granted" test "$left" = "429,$floor"
+		else
+			check "$path: $a holds what it would alone, $floor or more" \
+				test "${left%,*}" = 429 -a "${left#*,}" -ge "$floor" -a "${left#*,}" -le 10
+		fi
+	done
 	;;
 config)
 	# nginx -t refuses bad configuration, naming the directive and the value.
