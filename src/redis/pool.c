@@ -166,11 +166,22 @@ int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
 	return 0;
 }
 
+/*
+ * Bytes the reader holds past the last reply (hiredis reads what the socket
+ * has, so a reply nobody asked for may arrive with the one that was), or
+ * a reply begun: the next call would take them as its answer.
+ */
+static bool conn_unread(const struct tbr__conn *c)
+{
+	const redisReader *rd = c->c->reader;
+	return rd == NULL || rd->pos < rd->len || rd->ridx >= 0;
+}
+
 /* An idle connection with bytes or EOF waiting: its server closed it, or a reply nobody reads. */
 static bool conn_spoiled(const struct tbr__conn *c)
 {
 	struct pollfd p = { .fd = c->c->fd, .events = POLLIN };
-	return poll(&p, 1, 0) != 0;
+	return conn_unread(c) || poll(&p, 1, 0) != 0;
 }
 
 /*
@@ -373,6 +384,10 @@ int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeou
 
 void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
 {
+	if (conn_unread(c)) {
+		tbr__conn_drop(c);
+		return;
+	}
 	pthread_mutex_lock(&n->lock);
 	if (n->nidle < TBR__IDLE_MAX && c->epoch == n->epoch) {
 		c->next = n->idle;
@@ -476,6 +491,11 @@ int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, re
 	tbr__sigpipe_restore(&sp);
 	if (r == NULL)
 		return tbr__conn_error(c->c, saved);
+	if (conn_unread(c)) {
+		/* Two replies to one command: which is the answer is unknowable. */
+		freeReplyObject(r);
+		return -EPROTO;
+	}
 	*rep = r;
 	return 0;
 }

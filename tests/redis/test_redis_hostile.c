@@ -1,0 +1,150 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A Redis reply is input: a fake server on loopback answers the client's
+ * calls with what a hostile or broken server may send (replies nobody
+ * asked for, numbers with bytes after a NUL, grants past the caller's
+ * deadline, hosts and roles with a NUL inside), and the client must
+ * neither crash, nor hang, nor take any of it as an answer.  The errno of
+ * each fault is tokenbucket-redis(7)'s fault table's.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <tokenbucket-redis.h>
+
+#include "fake.h"
+
+/*
+ * The fake: script calls answered with reply (or by answer), ROLE and
+ * SENTINEL with role and sentinel, other commands (TOKENBUCKET.VERSION,
+ * FCALL) as a server without the module or functions answers them.
+ */
+struct fake {
+	struct fake_server srv;
+	int port;         /* srv's */
+	atomic_int calls; /* EVALSHA and EVAL received */
+	/* The reply to a script call (the calls-th, from 1), into out; its length. */
+	size_t (*answer)(struct fake *f, int calls, char *out, size_t size);
+	/* Without answer: this reply to every script call. */
+	const char *reply;
+	size_t reply_len;
+	/* The reply to ROLE and to SENTINEL get-master-addr-by-name, NULL: an error. */
+	const char *role, *sentinel;
+	size_t role_len, sentinel_len;
+};
+
+#define BYTES(s) s, sizeof(s) - 1
+
+static size_t copy(char *out, size_t size, const char *s, size_t len)
+{
+	ck_assert_uint_le(len, size);
+	memcpy(out, s, len);
+	return len;
+}
+
+static size_t reply_to(struct fake_server *srv, redisReply *cmd, char *out, size_t size)
+{
+	struct fake *f = (struct fake *)((char *)srv - offsetof(struct fake, srv));
+	const char *name = cmd->elements > 0 ? cmd->element[0]->str : "";
+	if (strcasecmp(name, "EVALSHA") == 0 || strcasecmp(name, "EVAL") == 0) {
+		int calls = atomic_fetch_add(&f->calls, 1) + 1;
+		return f->answer != NULL ? f->answer(f, calls, out, size)
+					 : copy(out, size, f->reply, f->reply_len);
+	}
+	if (strcasecmp(name, "ROLE") == 0 && f->role != NULL)
+		return copy(out, size, f->role, f->role_len);
+	if (strcasecmp(name, "SENTINEL") == 0 && f->sentinel != NULL)
+		return copy(out, size, f->sentinel, f->sentinel_len);
+	return (size_t)snprintf(out, size, "-ERR unknown command '%s'\r\n", name);
+}
+
+/* Binds f (f->port); set what it answers, then fake_run_start. */
+static void fake_start(struct fake *f, size_t (*answer)(struct fake *, int, char *, size_t))
+{
+	memset(f, 0, sizeof(*f));
+	f->answer = answer;
+	fake_server_bind(&f->srv, reply_to);
+	f->port = f->srv.port;
+}
+
+static void fake_run_start(struct fake *f)
+{
+	fake_server_run(&f->srv);
+}
+
+static void fake_stop(struct fake *f)
+{
+	fake_server_stop(&f->srv);
+}
+
+/* A client of the fake (pipelined when pipelined), 1 s timeouts; as a sentinel when sentinel. */
+static struct tokenbucket_redis *client_of(const struct fake *f, bool pipelined, bool sentinel)
+{
+	char url[64];
+	snprintf(url, sizeof(url), sentinel ? "redis-sentinel://127.0.0.1:%d/m" : "redis://127.0.0.1:%d",
+		 f->port);
+	struct tokenbucket_redis *r;
+	ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000), INT64_C(1000000000)), 0);
+	if (pipelined)
+		ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+	return r;
+}
+
+static struct tokenbucket_redis *fake_client(const struct fake *f, bool pipelined)
+{
+	return client_of(f, pipelined, false);
+}
+
+static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 1000000000, .burst = 10 };
+
+/* The script's replies: refused (0 left, next token in 1 s) and allowed (5 left). */
+static const char refused[] = "*7\r\n:0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			      "$10\r\n1000000000\r\n$11\r\n10000000000\r\n";
+static const char allowed[] = "*7\r\n:1\r\n$1\r\n0\r\n$1\r\n5\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			      "$1\r\n0\r\n$10\r\n5000000000\r\n";
+
+/* ---- A stale reply is never the next call's answer ----------------------- */
+
+/* Every call is refused, with an allowed reply nobody asked for after it. */
+static size_t answer_refused_and_extra(struct fake *f, int calls, char *out, size_t size)
+{
+	(void)f;
+	(void)calls;
+	size_t n = copy(out, size, BYTES(refused));
+	return n + copy(out + n, size - n, BYTES(allowed));
+}
+
+START_TEST(test_stale_reply_not_taken)
+{
+	struct fake f;
+	fake_start(&f, answer_refused_and_extra);
+	fake_run_start(&f);
+	struct tokenbucket_redis *r = fake_client(&f, false);
+	for (int i = 0; i < 3; i++) {
+		struct tokenbucket_result res = { .allowed = true };
+		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), 0);
+		ck_assert(!res.allowed);
+		ck_assert_uint_eq(res.remaining, 0);
+	}
+	/* The connection that carried one is closed, not reused. */
+	ck_assert_int_eq(atomic_load(&f.srv.accepted), 3);
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
+}
+END_TEST
+
+Suite *hostile_suite(void);
+Suite *hostile_suite(void)
+{
+	Suite *s = suite_create("redis-hostile");
+	TCase *tc = tcase_create("blocking");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_stale_reply_not_taken);
+	suite_add_tcase(s, tc);
+	return s;
+}
