@@ -758,8 +758,7 @@ static void on_role(redisAsyncContext *ac, void *reply, void *privdata)
 	if (reply == NULL)
 		return;
 	const redisReply *rep = reply;
-	if (rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
-	    rep->element[0]->type == REDIS_REPLY_STRING && strcmp(rep->element[0]->str, "master") == 0) {
+	if (tbr__role_primary(rep)) {
 		if (c->node->db == 0)
 			set_ready(c); /* or when SELECT answers */
 		return;

@@ -220,11 +220,8 @@ static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 		static const char *const role[] = { "ROLE" };
 		err = tbr__conn_command(c, 1, role, &rep);
 		if (err == 0) {
-			bool primary = rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
-				       rep->element[0]->type == REDIS_REPLY_STRING &&
-				       strcmp(rep->element[0]->str, "master") == 0;
 			err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
-			      : primary ? 0 : -EROFS;
+			      : tbr__role_primary(rep) ? 0 : -EROFS;
 			freeReplyObject(rep);
 		}
 	}

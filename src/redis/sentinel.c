@@ -112,13 +112,16 @@ int tbr__sentinel_parse(struct tbr__sentinel **sp, const char *spec, int *db)
 
 int tbr__sentinel_reply(const redisReply *rep, char **host, int *port)
 {
-	/* [host, port], or nil for a name it does not monitor. */
+	/* [host, port], or nil (an error: no answer) for a name it does not monitor. */
+	if (rep->type == REDIS_REPLY_NIL || rep->type == REDIS_REPLY_ERROR)
+		return 1;
+	/* Anything else is not a sentinel's answer; a NUL would cut the host short. */
 	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
 	    rep->element[0]->type != REDIS_REPLY_STRING ||
 	    rep->element[1]->type != REDIS_REPLY_STRING || rep->element[0]->len == 0 ||
-	    rep->element[0]->len >= 256 ||
+	    rep->element[0]->len >= 256 || memchr(rep->element[0]->str, '\0', rep->element[0]->len) ||
 	    parse_port(rep->element[1]->str, rep->element[1]->str + rep->element[1]->len, port) != 0)
-		return 1;
+		return -EPROTO;
 	*host = strndup(rep->element[0]->str, rep->element[0]->len);
 	return *host == NULL ? -ENOMEM : 0;
 }

@@ -138,6 +138,115 @@ START_TEST(test_stale_reply_not_taken)
 }
 END_TEST
 
+/* ---- Numbers and names are read whole --------------------------------- */
+
+/* An allow answered reply, which must fail with -EPROTO on every path. */
+static void allow_refused_as_garbage(const char *reply, size_t len)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = reply;
+	f.reply_len = len;
+	fake_run_start(&f);
+	for (int pipelined = 0; pipelined < 2; pipelined++) {
+		struct tokenbucket_redis *r = fake_client(&f, pipelined);
+		struct tokenbucket_result res;
+		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), -EPROTO);
+		tokenbucket_redis_close(r);
+	}
+	fake_stop(&f);
+	/* tokenbucket_redis_parse decodes it alike. */
+	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = "k", .keylen = 1,
+					       .limit = lim, .n = 1 };
+	struct tokenbucket_result res;
+	size_t used;
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, reply, len, &used, &res, NULL, NULL), -EPROTO);
+}
+
+START_TEST(test_number_with_nul)
+{
+	/* The level "5\0junk": not 5. */
+	static const char r[] = "*7\r\n:1\r\n$1\r\n0\r\n$6\r\n5\0junk\r\n$1\r\n0\r\n$1\r\n1\r\n"
+				"$1\r\n0\r\n$1\r\n0\r\n";
+	allow_refused_as_garbage(BYTES(r));
+}
+END_TEST
+
+START_TEST(test_level_above_burst)
+{
+	static const char r[] = "*7\r\n:1\r\n$1\r\n0\r\n$19\r\n9223372036854775807\r\n$1\r\n0\r\n"
+				"$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n";
+	allow_refused_as_garbage(BYTES(r));
+}
+END_TEST
+
+/* A Sentinel client of the fake as sentinel and server: the call's error. */
+static int sentinel_allow(struct fake *f, bool pipelined)
+{
+	struct tokenbucket_redis *r = client_of(f, pipelined, true);
+	struct tokenbucket_result res;
+	int err = tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
+	tokenbucket_redis_close(r);
+	return err;
+}
+
+/*
+ * The fake as its own sentinel: it names host (its bulk string, NUL
+ * allowed) at its port, and answers ROLE with role; sentinel holds the
+ * answer.  Not serving yet: fake_run_start.
+ */
+static void sentinel_fake(struct fake *f, char *sentinel, size_t size, const char *host,
+			  size_t hostlen, const char *role, size_t rolelen)
+{
+	fake_start(f, NULL);
+	f->reply = allowed;
+	f->reply_len = sizeof(allowed) - 1;
+	int n = snprintf(sentinel, size, "*2\r\n$%zu\r\n", hostlen);
+	memcpy(sentinel + n, host, hostlen);
+	n += (int)hostlen;
+	n += snprintf(sentinel + n, size - (size_t)n, "\r\n$%d\r\n%d\r\n", f->port >= 10000 ? 5 : 4,
+		      f->port);
+	f->sentinel = sentinel;
+	f->sentinel_len = (size_t)n;
+	f->role = role;
+	f->role_len = rolelen;
+}
+
+/* A primary's ROLE. */
+static const char master[] = "*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n";
+
+START_TEST(test_sentinel_host_with_nul)
+{
+	struct fake f;
+	char sentinel[128];
+	/* Reached at 127.0.0.1, the fake would answer as a primary. */
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1\0evil"), BYTES(master));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), -EPROTO);
+	ck_assert_int_eq(sentinel_allow(&f, true), -EPROTO);
+	ck_assert_int_eq(atomic_load(&f.calls), 0);
+	fake_stop(&f);
+}
+END_TEST
+
+START_TEST(test_role_with_nul)
+{
+	struct fake f;
+	char sentinel[128];
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"),
+		      BYTES("*3\r\n$8\r\nmaster\0x\r\n:0\r\n*0\r\n"));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), -EROFS);
+	ck_assert_int_eq(atomic_load(&f.calls), 0);
+	/* The same server as a primary answers. */
+	fake_stop(&f);
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"), BYTES(master));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), 0);
+	fake_stop(&f);
+}
+END_TEST
+
 Suite *hostile_suite(void);
 Suite *hostile_suite(void)
 {
@@ -145,6 +254,10 @@ Suite *hostile_suite(void)
 	TCase *tc = tcase_create("blocking");
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_stale_reply_not_taken);
+	tcase_add_test(tc, test_number_with_nul);
+	tcase_add_test(tc, test_level_above_burst);
+	tcase_add_test(tc, test_sentinel_host_with_nul);
+	tcase_add_test(tc, test_role_with_nul);
 	suite_add_tcase(s, tc);
 	return s;
 }
