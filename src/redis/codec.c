@@ -400,6 +400,13 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 	int err = 0;
 	switch (call->op) {
 	case TOKENBUCKET_REDIS_RESERVE:
+		/*
+		 * A grant past max_wait (arg; INT64_MAX: no limit) is one the
+		 * script never makes: a caller would sleep past its deadline.
+		 */
+		if (code == 1 && call->arg != INT64_MAX &&
+		    (call->arg < 0 || act == TOKENBUCKET_NEVER || until(act, now) > call->arg))
+			return -EPROTO;
 		err = code == 1 ? 0 : code == 0 ? -ETIMEDOUT : code == 2 ? -E2BIG : -EOVERFLOW;
 		if (err == 0 && rv != NULL)
 			*rv = (struct tokenbucket_reservation){ .time_to_act = act, .tokens = call->n };

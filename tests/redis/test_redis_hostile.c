@@ -247,6 +247,42 @@ START_TEST(test_role_with_nul)
 }
 END_TEST
 
+/* ---- A grant past the deadline is not one ---------------------------- */
+
+/* tokenbucket_redis_wait with a deadline 1 s away, answered reply: -EPROTO at once. */
+static void wait_refuses(const char *reply, size_t len)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = reply;
+	f.reply_len = len;
+	fake_run_start(&f);
+	for (int pipelined = 0; pipelined < 2; pipelined++) {
+		struct tokenbucket_redis *r = fake_client(&f, pipelined);
+		int64_t t0 = tokenbucket_now();
+		ck_assert_int_eq(tokenbucket_redis_wait(r, "k", 1, &lim, 1, t0 + INT64_C(1000000000), -1),
+				 -EPROTO);
+		ck_assert_int_lt(tokenbucket_now() - t0, INT64_C(1000000000));
+		tokenbucket_redis_close(r);
+	}
+	fake_stop(&f);
+}
+
+START_TEST(test_grant_past_deadline)
+{
+	/* Granted 11 days after the bucket's clock. */
+	wait_refuses(BYTES("*7\r\n:1\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			   "$15\r\n950400000000000\r\n$15\r\n950400000000000\r\n"));
+}
+END_TEST
+
+START_TEST(test_grant_never)
+{
+	wait_refuses(BYTES("*7\r\n:1\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			   "$19\r\n9223372036854775807\r\n$19\r\n9223372036854775807\r\n"));
+}
+END_TEST
+
 Suite *hostile_suite(void);
 Suite *hostile_suite(void)
 {
@@ -258,6 +294,8 @@ Suite *hostile_suite(void)
 	tcase_add_test(tc, test_level_above_burst);
 	tcase_add_test(tc, test_sentinel_host_with_nul);
 	tcase_add_test(tc, test_role_with_nul);
+	tcase_add_test(tc, test_grant_past_deadline);
+	tcase_add_test(tc, test_grant_never);
 	suite_add_tcase(s, tc);
 	return s;
 }
