@@ -26,7 +26,7 @@ static void serve(struct fake_server *s, int fd, redisReader *rd, bool *closed)
 		char out[4096];
 		size_t len = s->reply(s, r, out, sizeof(out));
 		freeReplyObject(r);
-		if (write(fd, out, len) < 0)
+		if (send(fd, out, len, MSG_NOSIGNAL) < 0)
 			*closed = true;
 	}
 }
@@ -45,7 +45,7 @@ static void *fake_main(void *arg)
 			int fd = accept(s->listen_fd, NULL, NULL);
 			if (fd >= 0) {
 				atomic_fetch_add(&s->accepted, 1);
-				if (s->greeting != NULL && write(fd, s->greeting, s->greeting_len) < 0) {
+				if (s->greeting != NULL && send(fd, s->greeting, s->greeting_len, MSG_NOSIGNAL) < 0) {
 					close(fd);
 					continue;
 				}

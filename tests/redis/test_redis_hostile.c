@@ -138,6 +138,38 @@ START_TEST(test_stale_reply_not_taken)
 }
 END_TEST
 
+/*
+ * The asynchronous engine (here under pipelining, on the client's I/O
+ * thread): hiredis aborts the process on a reply with no callback; the
+ * client closes the connection instead.
+ */
+static size_t answer_allowed_and_extra(struct fake *f, int calls, char *out, size_t size)
+{
+	(void)f;
+	(void)calls;
+	size_t n = copy(out, size, BYTES(allowed));
+	return n + copy(out + n, size - n, BYTES(":1\r\n"));
+}
+
+START_TEST(test_unasked_reply_pipelined)
+{
+	struct fake f;
+	fake_start(&f, answer_allowed_and_extra);
+	fake_run_start(&f);
+	struct tokenbucket_redis *r = fake_client(&f, true);
+	for (int i = 0; i < 3; i++) {
+		struct tokenbucket_result res = { .allowed = false };
+		int err = tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
+		/* Answered before the extra reply closes its connection, or failed with it. */
+		ck_assert(err == 0 || err == -EPROTO);
+		ck_assert(err != 0 || (res.allowed && res.remaining == 5));
+	}
+	ck_assert_int_ge(atomic_load(&f.srv.accepted), 2);
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
+}
+END_TEST
+
 /* ---- Numbers and names are read whole --------------------------------- */
 
 /* An allow answered reply, which must fail with -EPROTO on every path. */
@@ -229,6 +261,21 @@ START_TEST(test_sentinel_host_with_nul)
 }
 END_TEST
 
+START_TEST(test_sentinel_greets_with_two_replies)
+{
+	struct fake f;
+	char sentinel[128];
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"), BYTES(master));
+	/* Every connection gets an error and a reply before it asks anything. */
+	f.srv.greeting = "-ERR hello\r\n:1\r\n";
+	f.srv.greeting_len = strlen(f.srv.greeting);
+	fake_run_start(&f);
+	ck_assert_int_lt(sentinel_allow(&f, true), 0);
+	ck_assert_int_lt(sentinel_allow(&f, false), 0);
+	fake_stop(&f);
+}
+END_TEST
+
 START_TEST(test_role_with_nul)
 {
 	struct fake f;
@@ -290,6 +337,8 @@ Suite *hostile_suite(void)
 	TCase *tc = tcase_create("blocking");
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_stale_reply_not_taken);
+	tcase_add_test(tc, test_unasked_reply_pipelined);
+	tcase_add_test(tc, test_sentinel_greets_with_two_replies);
 	tcase_add_test(tc, test_number_with_nul);
 	tcase_add_test(tc, test_level_above_burst);
 	tcase_add_test(tc, test_sentinel_host_with_nul);
