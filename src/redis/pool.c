@@ -26,6 +26,8 @@
 
 /* Idle connections kept beyond this (per server) are closed. */
 #define TBR__IDLE_MAX 64
+/* How far past its deadline a read may end rather than set its socket's timeout again. */
+#define TBR__READ_SLACK_NS INT64_C(1000000)
 /* While calls flow, how often a Sentinel client checks that its connections go to the primary named. */
 #define TBR__CHECK_NS INT64_C(1000000000)
 
@@ -227,16 +229,14 @@ static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 	}
 	if (err != 0 || n->db == 0)
 		return err;
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
-	errno = 0;
-	rep = redisCommand(c->c, "SELECT %d", n->db);
-	int saved = errno;
-	tbr__sigpipe_restore(&sp);
-	err = rep == NULL ? tbr__conn_error(c->c, saved)
-	      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
-	if (rep != NULL)
-		freeReplyObject(rep);
+	char db[16];
+	snprintf(db, sizeof(db), "%d", n->db);
+	const char *const select[] = { "SELECT", db };
+	err = tbr__conn_command(c, 2, select, &rep);
+	if (err != 0)
+		return err;
+	err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
+	freeReplyObject(rep);
 	return err;
 }
 
@@ -307,11 +307,12 @@ static void sentinel_check(struct tbr__node *n, struct timeval connect_tv, int64
 
 /* A new connection to n, set up; 0 or a negative errno. */
 static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
-		     struct tbr__conn **out)
+		     int64_t deadline, struct tbr__conn **out)
 {
 	struct tbr__conn *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return -ENOMEM;
+	c->deadline = deadline;
 	char *found = NULL;
 	int port = n->port;
 	if (n->sentinel != NULL) {
@@ -348,6 +349,7 @@ static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t tim
 int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
 		  struct tbr__conn **out, bool *reused)
 {
+	int64_t deadline = tokenbucket_now() + timeout_ns;
 	if (n->sentinel != NULL)
 		sentinel_check(n, connect_tv, timeout_ns);
 	for (;;) {
@@ -371,12 +373,13 @@ int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeou
 		}
 		if (reused != NULL)
 			*reused = true;
+		c->deadline = deadline;
 		*out = c;
 		return 0;
 	}
 	if (reused != NULL)
 		*reused = false;
-	return conn_open(n, connect_tv, timeout_ns, out);
+	return conn_open(n, connect_tv, timeout_ns, deadline, out);
 }
 
 void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
@@ -405,13 +408,34 @@ static int conn_flush(struct tbr__conn *c)
 }
 
 
-/* Reads one reply from c; 0 or the error of a read that failed. */
+/*
+ * Reads one reply from c by c->deadline; 0 or the error of a read that
+ * failed.  hiredis's blocking read bounds each read() by the socket
+ * timeout, not the reply: each read here gets at most the time left
+ * (the socket timeout lowered once it is shorter by more than a slack,
+ * so a reply that comes at once costs no system call).
+ */
 static int conn_read(struct tbr__conn *c, redisReply **rep)
 {
 	void *r = NULL;
-	errno = 0;
-	if (redisGetReply(c->c, &r) != REDIS_OK)
-		return tbr__conn_error(c->c, errno);
+	for (;;) {
+		if (redisGetReplyFromReader(c->c, &r) != REDIS_OK)
+			return tbr__conn_error(c->c, 0);
+		if (r != NULL)
+			break;
+		int64_t left = c->deadline - tokenbucket_now();
+		/* Under a microsecond of socket timeout would mean none at all to the kernel. */
+		if (left < 1000)
+			return -ETIME;
+		if (left < c->timeout_ns - TBR__READ_SLACK_NS) {
+			int err = tbr__conn_timeout(c, left);
+			if (err != 0)
+				return err;
+		}
+		errno = 0;
+		if (redisBufferRead(c->c) != REDIS_OK)
+			return tbr__conn_error(c->c, errno);
+	}
 	*rep = r;
 	return 0;
 }
@@ -480,14 +504,14 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 
 int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep)
 {
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
-	errno = 0;
-	redisReply *r = redisCommandArgv(c->c, argc, (const char **)argv, NULL);
-	int saved = errno;
-	tbr__sigpipe_restore(&sp);
-	if (r == NULL)
-		return tbr__conn_error(c->c, saved);
+	if (redisAppendCommandArgv(c->c, argc, (const char **)argv, NULL) != REDIS_OK)
+		return -ENOMEM;
+	redisReply *r = NULL;
+	int err = conn_flush(c);
+	if (err == 0)
+		err = conn_read(c, &r);
+	if (err != 0)
+		return err;
 	if (conn_unread(c)) {
 		/* Two replies to one command: which is the answer is unknowable. */
 		freeReplyObject(r);

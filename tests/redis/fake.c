@@ -6,11 +6,25 @@
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fake.h"
 
 #define FAKE_CONNS 16
+
+/* Writes out a byte at a time, s->trickle_ns apart, until s stops. */
+static void trickle(struct fake_server *s, int fd, const char *out, size_t len, bool *closed)
+{
+	for (size_t i = 0; i < len && !atomic_load(&s->stop); i++) {
+		struct timespec ts = { .tv_sec = s->trickle_ns / 1000000000, .tv_nsec = s->trickle_ns % 1000000000 };
+		nanosleep(&ts, NULL);
+		if (send(fd, out + i, 1, MSG_NOSIGNAL) < 0) {
+			*closed = true;
+			return;
+		}
+	}
+}
 
 static void serve(struct fake_server *s, int fd, redisReader *rd, bool *closed)
 {
@@ -26,7 +40,9 @@ static void serve(struct fake_server *s, int fd, redisReader *rd, bool *closed)
 		char out[4096];
 		size_t len = s->reply(s, r, out, sizeof(out));
 		freeReplyObject(r);
-		if (send(fd, out, len, MSG_NOSIGNAL) < 0)
+		if (s->trickle_ns > 0)
+			trickle(s, fd, out, len, closed);
+		else if (send(fd, out, len, MSG_NOSIGNAL) < 0)
 			*closed = true;
 	}
 }

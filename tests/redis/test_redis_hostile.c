@@ -330,6 +330,35 @@ START_TEST(test_grant_never)
 }
 END_TEST
 
+/* ---- One deadline for the whole exchange ------------------------------ */
+
+START_TEST(test_trickled_reply)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = refused;
+	f.reply_len = sizeof(refused) - 1;
+	/* Every byte within the 200 ms timeout of a read, the reply long past it. */
+	f.srv.trickle_ns = 150 * 1000000;
+	fake_run_start(&f);
+	char url[64];
+	snprintf(url, sizeof(url), "redis://127.0.0.1:%d", f.port);
+	for (int pipelined = 0; pipelined < 2; pipelined++) {
+		struct tokenbucket_redis *r;
+		ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000), 200 * 1000000), 0);
+		if (pipelined)
+			ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+		struct tokenbucket_result res;
+		int64_t t0 = tokenbucket_now();
+		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), -ETIME);
+		/* The timeout and a margin for a loaded machine; each reply takes 10 s. */
+		ck_assert_int_lt(tokenbucket_now() - t0, INT64_C(2000000000));
+		tokenbucket_redis_close(r);
+	}
+	fake_stop(&f);
+}
+END_TEST
+
 Suite *hostile_suite(void);
 Suite *hostile_suite(void)
 {
@@ -345,6 +374,7 @@ Suite *hostile_suite(void)
 	tcase_add_test(tc, test_role_with_nul);
 	tcase_add_test(tc, test_grant_past_deadline);
 	tcase_add_test(tc, test_grant_never);
+	tcase_add_test(tc, test_trickled_reply);
 	suite_add_tcase(s, tc);
 	return s;
 }
