@@ -17,6 +17,8 @@
 #include "sigpipe.h"
 #include "sleep.h"
 
+/* The longest host name (RFC 1035's 253 characters); longer ones failed to resolve with -EMSGSIZE. */
+#define TBR__HOST_MAX 253
 /* At most this many sentinels in a URL. */
 #define TBR__SENTINELS_MAX 16
 
@@ -119,7 +121,7 @@ int tbr__sentinel_reply(const redisReply *rep, char **host, int *port)
 	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
 	    rep->element[0]->type != REDIS_REPLY_STRING ||
 	    rep->element[1]->type != REDIS_REPLY_STRING || rep->element[0]->len == 0 ||
-	    rep->element[0]->len >= 256 || memchr(rep->element[0]->str, '\0', rep->element[0]->len) ||
+	    rep->element[0]->len > TBR__HOST_MAX || memchr(rep->element[0]->str, '\0', rep->element[0]->len) ||
 	    parse_port(rep->element[1]->str, rep->element[1]->str + rep->element[1]->len, port) != 0)
 		return -EPROTO;
 	*host = strndup(rep->element[0]->str, rep->element[0]->len);

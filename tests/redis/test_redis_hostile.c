@@ -276,6 +276,19 @@ START_TEST(test_sentinel_greets_with_two_replies)
 }
 END_TEST
 
+START_TEST(test_sentinel_host_too_long)
+{
+	struct fake f;
+	char sentinel[512], host[255];
+	memset(host, 'a', sizeof(host));
+	sentinel_fake(&f, sentinel, sizeof(sentinel), host, sizeof(host), BYTES(master));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), -EPROTO);
+	ck_assert_int_eq(sentinel_allow(&f, true), -EPROTO);
+	fake_stop(&f);
+}
+END_TEST
+
 START_TEST(test_role_with_nul)
 {
 	struct fake f;
@@ -372,6 +385,7 @@ Suite *hostile_suite(void)
 	tcase_add_test(tc, test_level_above_burst);
 	tcase_add_test(tc, test_sentinel_host_with_nul);
 	tcase_add_test(tc, test_role_with_nul);
+	tcase_add_test(tc, test_sentinel_host_too_long);
 	tcase_add_test(tc, test_grant_past_deadline);
 	tcase_add_test(tc, test_grant_never);
 	tcase_add_test(tc, test_trickled_reply);
