@@ -26,8 +26,6 @@
 
 /* Idle connections kept beyond this (per server) are closed. */
 #define TBR__IDLE_MAX 64
-/* How far past its deadline a read may end rather than set its socket's timeout again. */
-#define TBR__READ_SLACK_NS INT64_C(1000000)
 /* While calls flow, how often a Sentinel client checks that its connections go to the primary named. */
 #define TBR__CHECK_NS INT64_C(1000000000)
 
@@ -408,36 +406,11 @@ static int conn_flush(struct tbr__conn *c)
 }
 
 
-/*
- * Reads one reply from c by c->deadline; 0 or the error of a read that
- * failed.  hiredis's blocking read bounds each read() by the socket
- * timeout, not the reply: each read here gets at most the time left
- * (the socket timeout lowered once it is shorter by more than a slack,
- * so a reply that comes at once costs no system call).
- */
+/* Reads one reply from c by c->deadline; 0 or the error of a read that failed. */
 static int conn_read(struct tbr__conn *c, redisReply **rep)
 {
-	void *r = NULL;
-	for (;;) {
-		if (redisGetReplyFromReader(c->c, &r) != REDIS_OK)
-			return tbr__conn_error(c->c, 0);
-		if (r != NULL)
-			break;
-		int64_t left = c->deadline - tokenbucket_now();
-		/* Under a microsecond of socket timeout would mean none at all to the kernel. */
-		if (left < 1000)
-			return -ETIME;
-		if (left < c->timeout_ns - TBR__READ_SLACK_NS) {
-			int err = tbr__conn_timeout(c, left);
-			if (err != 0)
-				return err;
-		}
-		errno = 0;
-		if (redisBufferRead(c->c) != REDIS_OK)
-			return tbr__conn_error(c->c, errno);
-	}
-	*rep = r;
-	return 0;
+	int r = tbr__read_by(c->c, c->deadline, &c->timeout_ns, rep);
+	return r == 1 ? tbr__conn_error(c->c, errno) : r;
 }
 
 int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,

@@ -158,6 +158,8 @@ void tbr__sentinel_answered(struct tbr__sentinel *s, size_t i)
 static int ask(const char *shost, int sport, const char *name, struct timeval connect_tv,
 	       int64_t timeout_ns, char **host, int *port)
 {
+	/* The question's whole exchange within timeout_ns, however the answer comes. */
+	int64_t deadline = tokenbucket_now() + timeout_ns;
 	redisContext *c = redisConnectWithTimeout(shost, sport, connect_tv);
 	if (c == NULL)
 		return -ENOMEM;
@@ -170,13 +172,14 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 	redisReply *rep = NULL;
 	if (err == 0) {
 		const char *argv[] = { "SENTINEL", "get-master-addr-by-name", name };
-		struct tbr__sigpipe sp;
-		tbr__sigpipe_block(&sp);
-		rep = redisCommandArgv(c, 3, argv, NULL);
-		tbr__sigpipe_restore(&sp);
-		if (rep == NULL)
-			err = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
-											       : -ECONNRESET;
+		int64_t set = timeout_ns;
+		int r = redisAppendCommandArgv(c, 3, argv, NULL) != REDIS_OK ? -ENOMEM
+			: tbr__write_nosignal(c) < 0			    ? 1
+									    : tbr__read_by(c, deadline, &set, &rep);
+		if (r == 1)
+			r = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
+											     : -ECONNRESET;
+		err = r;
 	}
 	if (err == 0)
 		err = tbr__sentinel_reply(rep, host, port);
