@@ -73,11 +73,17 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 
 #include <hiredis/async.h>
 
 #include "async.h"
 #include "slots.h"
+
+#if HIREDIS_MAJOR < 1
+/* Exported by hiredis 0.14 without a declaration in its headers (async.h has it from 1.0). */
+void redisProcessCallbacks(redisAsyncContext *ac);
+#endif
 
 /* Pause before an op is sent again after CLUSTERDOWN, TRYAGAIN, or a refused connection. */
 #define PAUSE_NS INT64_C(10000000)
@@ -115,6 +121,9 @@ struct conn {
 	bool spare;            /* opened beside a ready one, not ready yet: no op is on it */
 	uint32_t index;        /* in a->conns */
 	size_t inflight;       /* ops bound to it (sent on ac, answers not yet read) */
+	/* What ac's server sent, parsed again ahead of hiredis (conn_read); no objects. */
+	redisReader *shadow;
+	unsigned gen; /* counts the ac's c has had */
 };
 
 /* The connection the calls in flight of the keys hashed here are on. */
@@ -275,6 +284,8 @@ static void ev_cleanup(void *p)
 		c->a->spare_after = tokenbucket_now() + SUSPECT_NS;
 	c->ac = NULL;
 	c->ready = c->dying = c->loading = c->spare = false;
+	redisReaderFree(c->shadow);
+	c->shadow = NULL;
 }
 
 /*
@@ -758,8 +769,7 @@ static void on_role(redisAsyncContext *ac, void *reply, void *privdata)
 	if (reply == NULL)
 		return;
 	const redisReply *rep = reply;
-	if (rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
-	    rep->element[0]->type == REDIS_REPLY_STRING && strcmp(rep->element[0]->str, "master") == 0) {
+	if (tbr__role_primary(rep)) {
 		if (c->node->db == 0)
 			set_ready(c); /* or when SELECT answers */
 		return;
@@ -827,8 +837,11 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
 static void conn_attach(struct conn *c, redisAsyncContext *ac)
 {
 	c->ac = ac;
+	c->gen++;
 	c->fd = ac->c.fd;
 	c->want = c->watched = 0;
+	redisReaderFree(c->shadow);
+	c->shadow = redisReaderCreateWithFunctions(NULL); /* NULL: conn_read drops c */
 	c->dying = c->unreached = c->loading = false;
 	ac->data = c;
 	ac->ev.data = c;
@@ -1373,6 +1386,63 @@ int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a, cons
 	return allow_all(a, key, keylen, limits, count, true, now, n, done, arg);
 }
 
+/*
+ * Reads what c's server sent, as redisAsyncHandleRead does, but hands
+ * hiredis no reply it has no callback for: hiredis asserts on one (the
+ * process aborts).  The bytes are parsed first by c's shadow reader,
+ * which makes no objects, each reply paired with the next callback; the
+ * replies that have one are delivered, then a reply nobody asked for
+ * closes the connection, its calls failing with -EPROTO.  May free ac.
+ */
+static void conn_read(struct conn *c)
+{
+	redisAsyncContext *ac = c->ac;
+	if (!(ac->c.flags & REDIS_CONNECTED)) {
+		/* Completes the connection without reading (writing the setup). */
+		conn_write(c);
+		if (c->ac != ac || c->dying || !(ac->c.flags & REDIS_CONNECTED))
+			return;
+	}
+	if (c->shadow == NULL) {
+		conn_drop(c, -ENOMEM);
+		return;
+	}
+	char buf[16 * 1024];
+	ssize_t n = recv(ac->c.fd, buf, sizeof(buf), 0);
+	if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+		return;
+	if (n <= 0) {
+		redisAsyncHandleRead(ac); /* reads the EOF or error again, and fails ac with it */
+		return;
+	}
+	size_t cut = (size_t)n;
+	bool unasked = false;
+	const redisCallback *cb = ac->replies.head;
+	redisReaderFeed(c->shadow, buf, (size_t)n);
+	size_t end = 0; /* where the last reply that has a callback ends in buf */
+	for (;;) {
+		void *r = NULL;
+		if (redisReaderGetReply(c->shadow, &r) != REDIS_OK || r == NULL)
+			break; /* hiredis finds a protocol error itself, at the same byte */
+		if (cb == NULL) {
+			unasked = true;
+			cut = end;
+			break;
+		}
+		cb = cb->next;
+		end = (size_t)n - (c->shadow->len - c->shadow->pos);
+	}
+	unsigned gen = c->gen;
+	if (cut > 0 && redisReaderFeed(ac->c.reader, buf, cut) != REDIS_OK) {
+		conn_drop(c, -ENOMEM);
+		return;
+	}
+	want(c, TOKENBUCKET_REDIS_READ, 0);
+	redisProcessCallbacks(ac);
+	if (unasked && c->ac != NULL && c->gen == gen)
+		conn_drop(c, -EPROTO);
+}
+
 void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, unsigned events)
 {
 	if (a == NULL)
@@ -1387,7 +1457,7 @@ void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd, un
 		return;
 	a->depth++;
 	if (events & TOKENBUCKET_REDIS_READ)
-		redisAsyncHandleRead(c->ac);
+		conn_read(c);
 	if ((events & TOKENBUCKET_REDIS_WRITE) && c->ac != NULL && !c->dying)
 		conn_write(c);
 	settle(a);

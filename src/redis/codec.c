@@ -200,6 +200,15 @@ bool tbr__function_loaded(const redisReply *rep)
 		(rep->type == REDIS_REPLY_ERROR && strstr(rep->str, "already exists") != NULL));
 }
 
+bool tbr__role_primary(const redisReply *rep)
+{
+	/* The whole word, by length: "master\0x" is not it. */
+	const redisReply *e = rep != NULL && rep->type == REDIS_REPLY_ARRAY && rep->elements > 0
+				      ? rep->element[0] : NULL;
+	return e != NULL && e->type == REDIS_REPLY_STRING && e->len == 6 &&
+	       memcmp(e->str, "master", 6) == 0;
+}
+
 bool tbr__unknown_command(const redisReply *rep)
 {
 	return rep != NULL && rep->type == REDIS_REPLY_ERROR &&
@@ -250,7 +259,8 @@ static bool read_int(const redisReply *e, int64_t lo, int64_t *out)
 	char *end;
 	errno = 0;
 	long long v = strtoll(buf, &end, 10);
-	if (errno != 0 || *end != '\0' || v < lo)
+	/* end, not *end: a NUL inside the string ends strtoll early. */
+	if (errno != 0 || end != buf + e->len || v < lo)
 		return false;
 	*out = v;
 	return true;
@@ -374,6 +384,9 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 	    !read_int(rep->element[6], INT64_MIN, &full))
 		return -EPROTO;
 	uint64_t burst = call->limit.burst;
+	/* A bucket never holds more than its burst (the compact decoders check alike). */
+	if (level > 0 && (uint64_t)level > burst)
+		return -EPROTO;
 	bool decides = call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE;
 	if (res != NULL) {
 		*res = (struct tokenbucket_result){
@@ -387,6 +400,13 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 	int err = 0;
 	switch (call->op) {
 	case TOKENBUCKET_REDIS_RESERVE:
+		/*
+		 * A grant past max_wait (arg; INT64_MAX: no limit) is one the
+		 * script never makes: a caller would sleep past its deadline.
+		 */
+		if (code == 1 && call->arg != INT64_MAX &&
+		    (call->arg < 0 || act == TOKENBUCKET_NEVER || until(act, now) > call->arg))
+			return -EPROTO;
 		err = code == 1 ? 0 : code == 0 ? -ETIMEDOUT : code == 2 ? -E2BIG : -EOVERFLOW;
 		if (err == 0 && rv != NULL)
 			*rv = (struct tokenbucket_reservation){ .time_to_act = act, .tokens = call->n };

@@ -95,6 +95,8 @@ bool tbr__function_loaded(const redisReply *rep);
  */
 extern const char *const tbr__module_probe[1];
 bool tbr__module_speaks(const redisReply *rep);
+/* A reply to ROLE saying the server is a primary. */
+bool tbr__role_primary(const redisReply *rep);
 /* An error reply saying the server has no such command (the module was unloaded). */
 bool tbr__unknown_command(const redisReply *rep);
 /* Whether a call goes to the module: mode (TOKENBUCKET_REDIS_MODULE_*) and what the connection found. */

@@ -166,11 +166,22 @@ int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
 	return 0;
 }
 
+/*
+ * Bytes the reader holds past the last reply (hiredis reads what the socket
+ * has, so a reply nobody asked for may arrive with the one that was), or
+ * a reply begun: the next call would take them as its answer.
+ */
+static bool conn_unread(const struct tbr__conn *c)
+{
+	const redisReader *rd = c->c->reader;
+	return rd == NULL || rd->pos < rd->len || rd->ridx >= 0;
+}
+
 /* An idle connection with bytes or EOF waiting: its server closed it, or a reply nobody reads. */
 static bool conn_spoiled(const struct tbr__conn *c)
 {
 	struct pollfd p = { .fd = c->c->fd, .events = POLLIN };
-	return poll(&p, 1, 0) != 0;
+	return conn_unread(c) || poll(&p, 1, 0) != 0;
 }
 
 /*
@@ -209,26 +220,21 @@ static int conn_setup(const struct tbr__node *n, struct tbr__conn *c)
 		static const char *const role[] = { "ROLE" };
 		err = tbr__conn_command(c, 1, role, &rep);
 		if (err == 0) {
-			bool primary = rep->type == REDIS_REPLY_ARRAY && rep->elements > 0 &&
-				       rep->element[0]->type == REDIS_REPLY_STRING &&
-				       strcmp(rep->element[0]->str, "master") == 0;
 			err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len)
-			      : primary ? 0 : -EROFS;
+			      : tbr__role_primary(rep) ? 0 : -EROFS;
 			freeReplyObject(rep);
 		}
 	}
 	if (err != 0 || n->db == 0)
 		return err;
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
-	errno = 0;
-	rep = redisCommand(c->c, "SELECT %d", n->db);
-	int saved = errno;
-	tbr__sigpipe_restore(&sp);
-	err = rep == NULL ? tbr__conn_error(c->c, saved)
-	      : rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
-	if (rep != NULL)
-		freeReplyObject(rep);
+	char db[16];
+	snprintf(db, sizeof(db), "%d", n->db);
+	const char *const select[] = { "SELECT", db };
+	err = tbr__conn_command(c, 2, select, &rep);
+	if (err != 0)
+		return err;
+	err = rep->type == REDIS_REPLY_ERROR ? tbr__error(rep->str, rep->len) : 0;
+	freeReplyObject(rep);
 	return err;
 }
 
@@ -299,11 +305,12 @@ static void sentinel_check(struct tbr__node *n, struct timeval connect_tv, int64
 
 /* A new connection to n, set up; 0 or a negative errno. */
 static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
-		     struct tbr__conn **out)
+		     int64_t deadline, struct tbr__conn **out)
 {
 	struct tbr__conn *c = calloc(1, sizeof(*c));
 	if (c == NULL)
 		return -ENOMEM;
+	c->deadline = deadline;
 	char *found = NULL;
 	int port = n->port;
 	if (n->sentinel != NULL) {
@@ -340,6 +347,7 @@ static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t tim
 int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeout_ns,
 		  struct tbr__conn **out, bool *reused)
 {
+	int64_t deadline = tokenbucket_now() + timeout_ns;
 	if (n->sentinel != NULL)
 		sentinel_check(n, connect_tv, timeout_ns);
 	for (;;) {
@@ -363,16 +371,21 @@ int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeou
 		}
 		if (reused != NULL)
 			*reused = true;
+		c->deadline = deadline;
 		*out = c;
 		return 0;
 	}
 	if (reused != NULL)
 		*reused = false;
-	return conn_open(n, connect_tv, timeout_ns, out);
+	return conn_open(n, connect_tv, timeout_ns, deadline, out);
 }
 
 void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
 {
+	if (conn_unread(c)) {
+		tbr__conn_drop(c);
+		return;
+	}
 	pthread_mutex_lock(&n->lock);
 	if (n->nidle < TBR__IDLE_MAX && c->epoch == n->epoch) {
 		c->next = n->idle;
@@ -393,15 +406,11 @@ static int conn_flush(struct tbr__conn *c)
 }
 
 
-/* Reads one reply from c; 0 or the error of a read that failed. */
+/* Reads one reply from c by c->deadline; 0 or the error of a read that failed. */
 static int conn_read(struct tbr__conn *c, redisReply **rep)
 {
-	void *r = NULL;
-	errno = 0;
-	if (redisGetReply(c->c, &r) != REDIS_OK)
-		return tbr__conn_error(c->c, errno);
-	*rep = r;
-	return 0;
+	int r = tbr__read_by(c->c, c->deadline, &c->timeout_ns, rep);
+	return r == 1 ? tbr__conn_error(c->c, errno) : r;
 }
 
 int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,
@@ -468,14 +477,19 @@ int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *cal
 
 int tbr__conn_command(struct tbr__conn *c, int argc, const char *const *argv, redisReply **rep)
 {
-	struct tbr__sigpipe sp;
-	tbr__sigpipe_block(&sp);
-	errno = 0;
-	redisReply *r = redisCommandArgv(c->c, argc, (const char **)argv, NULL);
-	int saved = errno;
-	tbr__sigpipe_restore(&sp);
-	if (r == NULL)
-		return tbr__conn_error(c->c, saved);
+	if (redisAppendCommandArgv(c->c, argc, (const char **)argv, NULL) != REDIS_OK)
+		return -ENOMEM;
+	redisReply *r = NULL;
+	int err = conn_flush(c);
+	if (err == 0)
+		err = conn_read(c, &r);
+	if (err != 0)
+		return err;
+	if (conn_unread(c)) {
+		/* Two replies to one command: which is the answer is unknowable. */
+		freeReplyObject(r);
+		return -EPROTO;
+	}
 	*rep = r;
 	return 0;
 }

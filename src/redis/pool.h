@@ -27,6 +27,7 @@
 struct tbr__conn {
 	redisContext *c;
 	int64_t timeout_ns; /* the socket timeouts now set on c */
+	int64_t deadline;   /* tokenbucket_now() by which its exchange ends: set by tbr__conn_get */
 	bool module;        /* its server has the module (until it answers otherwise) */
 	bool function;      /* its server has the function library (the same) */
 	uint64_t epoch;     /* a Sentinel client's: its node's epoch when it was made */
@@ -84,7 +85,12 @@ int tbr__conn_get(struct tbr__node *n, struct timeval connect_tv, int64_t timeou
 		  struct tbr__conn **out, bool *reused);
 void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c);
 void tbr__conn_drop(struct tbr__conn *c);
-/* Sets c's socket timeouts to ns unless they are that already. */
+/*
+ * Sets c's socket timeouts to ns unless they are that already.  Its
+ * exchange (setup, call, the replies read in full) ends by c->deadline,
+ * tbr__conn_get's time plus its timeout: a reply trickled a byte at a
+ * time fails with -ETIME then, whatever each read takes.
+ */
 int tbr__conn_timeout(struct tbr__conn *c, int64_t ns);
 /* What a failed connection or round trip means, as a negative errno. */
 int tbr__conn_error(const redisContext *c, int saved_errno);

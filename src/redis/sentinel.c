@@ -17,6 +17,8 @@
 #include "sigpipe.h"
 #include "sleep.h"
 
+/* The longest host name (RFC 1035's 253 characters); longer ones failed to resolve with -EMSGSIZE. */
+#define TBR__HOST_MAX 253
 /* At most this many sentinels in a URL. */
 #define TBR__SENTINELS_MAX 16
 
@@ -112,13 +114,16 @@ int tbr__sentinel_parse(struct tbr__sentinel **sp, const char *spec, int *db)
 
 int tbr__sentinel_reply(const redisReply *rep, char **host, int *port)
 {
-	/* [host, port], or nil for a name it does not monitor. */
+	/* [host, port], or nil (an error: no answer) for a name it does not monitor. */
+	if (rep->type == REDIS_REPLY_NIL || rep->type == REDIS_REPLY_ERROR)
+		return 1;
+	/* Anything else is not a sentinel's answer; a NUL would cut the host short. */
 	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 2 ||
 	    rep->element[0]->type != REDIS_REPLY_STRING ||
 	    rep->element[1]->type != REDIS_REPLY_STRING || rep->element[0]->len == 0 ||
-	    rep->element[0]->len >= 256 ||
+	    rep->element[0]->len > TBR__HOST_MAX || memchr(rep->element[0]->str, '\0', rep->element[0]->len) ||
 	    parse_port(rep->element[1]->str, rep->element[1]->str + rep->element[1]->len, port) != 0)
-		return 1;
+		return -EPROTO;
 	*host = strndup(rep->element[0]->str, rep->element[0]->len);
 	return *host == NULL ? -ENOMEM : 0;
 }
@@ -153,6 +158,8 @@ void tbr__sentinel_answered(struct tbr__sentinel *s, size_t i)
 static int ask(const char *shost, int sport, const char *name, struct timeval connect_tv,
 	       int64_t timeout_ns, char **host, int *port)
 {
+	/* The question's whole exchange within timeout_ns, however the answer comes. */
+	int64_t deadline = tokenbucket_now() + timeout_ns;
 	redisContext *c = redisConnectWithTimeout(shost, sport, connect_tv);
 	if (c == NULL)
 		return -ENOMEM;
@@ -165,13 +172,14 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 	redisReply *rep = NULL;
 	if (err == 0) {
 		const char *argv[] = { "SENTINEL", "get-master-addr-by-name", name };
-		struct tbr__sigpipe sp;
-		tbr__sigpipe_block(&sp);
-		rep = redisCommandArgv(c, 3, argv, NULL);
-		tbr__sigpipe_restore(&sp);
-		if (rep == NULL)
-			err = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
-											       : -ECONNRESET;
+		int64_t set = timeout_ns;
+		int r = redisAppendCommandArgv(c, 3, argv, NULL) != REDIS_OK ? -ENOMEM
+			: tbr__write_nosignal(c) < 0			    ? 1
+									    : tbr__read_by(c, deadline, &set, &rep);
+		if (r == 1)
+			r = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
+											     : -ECONNRESET;
+		err = r;
 	}
 	if (err == 0)
 		err = tbr__sentinel_reply(rep, host, port);

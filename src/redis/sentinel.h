@@ -46,6 +46,7 @@ size_t tbr__sentinel_count(const struct tbr__sentinel *s);
 void tbr__sentinel_addr(const struct tbr__sentinel *s, size_t i, const char **host, int *port);
 size_t tbr__sentinel_first(const struct tbr__sentinel *s);
 void tbr__sentinel_answered(struct tbr__sentinel *s, size_t i);
+/* A sentinel's answer: 0 with *host (malloc'd) and *port, 1 for none, -EPROTO, -ENOMEM. */
 int tbr__sentinel_reply(const redisReply *rep, char **host, int *port);
 
 #endif

@@ -14,6 +14,8 @@
 #include <hiredis/sds.h>
 
 #include "sigpipe.h"
+#include "sleep.h"
+#include "tokenbucket.h"
 
 void tbr__sigpipe_block(struct tbr__sigpipe *s)
 {
@@ -62,5 +64,33 @@ int tbr__write_nosignal(redisContext *c)
 		return -e;
 	}
 	sdsrange(c->obuf, (ssize_t)len, -1);
+	return 0;
+}
+
+/* How far past its deadline a read may end rather than set its socket's timeout again. */
+#define TBR__READ_SLACK_NS INT64_C(1000000)
+
+int tbr__read_by(redisContext *c, int64_t deadline, int64_t *timeout_ns, redisReply **rep)
+{
+	void *r = NULL;
+	for (;;) {
+		if (redisGetReplyFromReader(c, &r) != REDIS_OK)
+			return 1;
+		if (r != NULL)
+			break;
+		int64_t left = deadline - tokenbucket_now();
+		/* Under a microsecond of socket timeout would mean none at all to the kernel. */
+		if (left < 1000)
+			return -ETIME;
+		if (left < *timeout_ns - TBR__READ_SLACK_NS) {
+			if (redisSetTimeout(c, tb__timeval_of(left)) != REDIS_OK)
+				return 1;
+			*timeout_ns = left;
+		}
+		errno = 0;
+		if (redisBufferRead(c) != REDIS_OK)
+			return 1;
+	}
+	*rep = r;
 	return 0;
 }

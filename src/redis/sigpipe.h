@@ -1,13 +1,15 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * SIGPIPE and the library's writes.  Below the pool, Sentinel and the
- * asynchronous client, which all write to servers that may have gone.
+ * SIGPIPE and the library's writes, and its blocking reads by a deadline.
+ * Below the pool, Sentinel and the asynchronous client, which all write
+ * to servers that may have gone.
  */
 #ifndef TBR_SIGPIPE_H
 #define TBR_SIGPIPE_H
 
 #include <signal.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include <hiredis/hiredis.h>
 
@@ -34,5 +36,16 @@ void tbr__sigpipe_restore(struct tbr__sigpipe *s);
  * hiredis sets it.
  */
 int tbr__write_nosignal(redisContext *c);
+/*
+ * Reads one reply from blocking c by deadline (tokenbucket_now()'s
+ * clock).  hiredis bounds each read() by the socket timeout, not the
+ * reply, so a reply trickled a byte at a time would take as long as the
+ * server likes: each read here gets at most the time left.  *timeout_ns is
+ * the socket timeout set on c, lowered (and updated) only when the time
+ * left is shorter by more than 1 ms, so a reply that comes at once costs
+ * no system call.  0 with *rep, -ETIME past the deadline, or 1: c failed
+ * (c->err, and errno as the failed read left it).
+ */
+int tbr__read_by(redisContext *c, int64_t deadline, int64_t *timeout_ns, redisReply **rep);
 
 #endif

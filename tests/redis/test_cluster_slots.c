@@ -23,6 +23,7 @@
 
 #include <tokenbucket-redis.h>
 
+#include "fake.h"
 #include "slots.h"
 
 /* The reply that the protocol bytes resp make; the test fails if they do not make one. */
@@ -342,9 +343,8 @@ END_TEST
 /* ---- A fake cluster node on loopback: scripted answers, every command logged ---- */
 
 struct fake {
-	int listen_fd, port;
-	pthread_t thread;
-	atomic_bool stop;
+	struct fake_server srv;
+	int port; /* srv's */
 	pthread_mutex_t lock;
 	char log[4096];  /* the commands' names, space-separated */
 	int evals;       /* EVALSHA and EVAL received */
@@ -357,76 +357,25 @@ struct fake {
 static const char allowed_reply[] =
 	"*7\r\n:1\r\n$1\r\n0\r\n$1\r\n5\r\n$1\r\n0\r\n$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n";
 
-static void serve_one(struct fake *f, int fd, redisReader *rd, bool *closed)
+static size_t reply_one(struct fake_server *srv, redisReply *cmd, char *out, size_t size)
 {
-	char buf[65536];
-	ssize_t n = read(fd, buf, sizeof(buf));
-	if (n <= 0) {
-		*closed = true;
-		return;
-	}
-	redisReaderFeed(rd, buf, (size_t)n);
-	void *r;
-	while (redisReaderGetReply(rd, &r) == REDIS_OK && r != NULL) {
-		redisReply *cmd = r;
-		char *argv[16] = { 0 };
-		int argc = 0;
-		for (size_t i = 0; i < cmd->elements && i < 16; i++)
-			argv[argc++] = cmd->element[i]->str;
-		for (char *c = argv[0]; c != NULL && *c; c++)
-			*c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
-		char out[512];
-		pthread_mutex_lock(&f->lock);
-		size_t used = strlen(f->log);
-		snprintf(f->log + used, sizeof(f->log) - used, "%s ", argv[0] != NULL ? argv[0] : "?");
-		f->evals += argv[0] != NULL && strncmp(argv[0], "EVAL", 4) == 0;
-		pthread_mutex_unlock(&f->lock);
-		if (argv[0] != NULL && strcmp(argv[0], "ASKING") == 0)
-			snprintf(out, sizeof(out), "+OK\r\n");
-		else
-			f->answer(f, argc, argv, out, sizeof(out));
-		if (write(fd, out, strlen(out)) < 0)
-			*closed = true;
-		freeReplyObject(cmd);
-	}
-}
-
-static void *fake_run(void *arg)
-{
-	struct fake *f = arg;
-	struct pollfd p[17];
-	redisReader *rd[17] = { 0 };
-	int n = 1;
-	p[0] = (struct pollfd){ .fd = f->listen_fd, .events = POLLIN };
-	while (!atomic_load(&f->stop)) {
-		if (poll(p, (nfds_t)n, 20) <= 0)
-			continue;
-		if ((p[0].revents & POLLIN) && n < 17) {
-			int fd = accept(f->listen_fd, NULL, NULL);
-			if (fd >= 0) {
-				p[n] = (struct pollfd){ .fd = fd, .events = POLLIN };
-				rd[n++] = redisReaderCreate();
-			}
-		}
-		for (int i = 1; i < n; i++) {
-			bool closed = false;
-			if (p[i].revents & (POLLIN | POLLHUP | POLLERR))
-				serve_one(f, p[i].fd, rd[i], &closed);
-			if (closed) {
-				close(p[i].fd);
-				redisReaderFree(rd[i]);
-				p[i] = p[n - 1];
-				rd[i] = rd[n - 1];
-				n--;
-				i--;
-			}
-		}
-	}
-	for (int i = 1; i < n; i++) {
-		close(p[i].fd);
-		redisReaderFree(rd[i]);
-	}
-	return NULL;
+	struct fake *f = (struct fake *)((char *)srv - offsetof(struct fake, srv));
+	char *argv[16] = { 0 };
+	int argc = 0;
+	for (size_t i = 0; i < cmd->elements && i < 16; i++)
+		argv[argc++] = cmd->element[i]->str;
+	for (char *c = argv[0]; c != NULL && *c; c++)
+		*c = (char)(*c >= 'a' && *c <= 'z' ? *c - 32 : *c);
+	pthread_mutex_lock(&f->lock);
+	size_t used = strlen(f->log);
+	snprintf(f->log + used, sizeof(f->log) - used, "%s ", argv[0] != NULL ? argv[0] : "?");
+	f->evals += argv[0] != NULL && strncmp(argv[0], "EVAL", 4) == 0;
+	pthread_mutex_unlock(&f->lock);
+	if (argv[0] != NULL && strcmp(argv[0], "ASKING") == 0)
+		snprintf(out, size, "+OK\r\n");
+	else
+		f->answer(f, argc, argv, out, size);
+	return strlen(out);
 }
 
 static void fake_start(struct fake *f,
@@ -436,14 +385,9 @@ static void fake_start(struct fake *f,
 	pthread_mutex_init(&f->lock, NULL);
 	f->answer = answer;
 	f->peer = peer;
-	f->listen_fd = socket(AF_INET, SOCK_STREAM, 0);
-	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-	socklen_t len = sizeof(a);
-	ck_assert_int_eq(bind(f->listen_fd, (struct sockaddr *)&a, sizeof(a)), 0);
-	ck_assert_int_eq(listen(f->listen_fd, 16), 0);
-	ck_assert_int_eq(getsockname(f->listen_fd, (struct sockaddr *)&a, &len), 0);
-	f->port = ntohs(a.sin_port);
-	ck_assert_int_eq(pthread_create(&f->thread, NULL, fake_run, f), 0);
+	fake_server_bind(&f->srv, reply_one);
+	f->port = f->srv.port;
+	fake_server_run(&f->srv);
 }
 
 /* The scripts received so far (the fake's thread counts them). */
@@ -457,9 +401,7 @@ static int evals(struct fake *f)
 
 static void fake_stop(struct fake *f)
 {
-	atomic_store(&f->stop, true);
-	pthread_join(f->thread, NULL);
-	close(f->listen_fd);
+	fake_server_stop(&f->srv);
 	pthread_mutex_destroy(&f->lock);
 }
 
@@ -701,8 +643,10 @@ END_TEST
 
 /* test_sigpipe.c: the library's writes, on socket pairs. */
 Suite *sigpipe_suite(void);
+/* test_redis_hostile.c: hostile and broken servers, faked. */
+Suite *hostile_suite(void);
 
-/* Both suites of this program; CK_RUN_SUITE picks one (cluster-slots, redis-sigpipe). */
+/* The suites of this program; CK_RUN_SUITE picks one (cluster-slots, redis-sigpipe, redis-hostile). */
 int main(void)
 {
 	Suite *s = suite_create("cluster-slots");
@@ -727,6 +671,7 @@ int main(void)
 	suite_add_tcase(s, net);
 	SRunner *sr = srunner_create(s);
 	srunner_add_suite(sr, sigpipe_suite());
+	srunner_add_suite(sr, hostile_suite());
 	srunner_run_all(sr, CK_NORMAL);
 	int failed = srunner_ntests_failed(sr);
 	srunner_free(sr);

@@ -1,0 +1,415 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * A Redis reply is input: a fake server on loopback answers the client's
+ * calls with what a hostile or broken server may send (replies nobody
+ * asked for, numbers with bytes after a NUL, grants past the caller's
+ * deadline, hosts and roles with a NUL inside), and the client must
+ * neither crash, nor hang, nor take any of it as an answer.  The errno of
+ * each fault is tokenbucket-redis(7)'s fault table's.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include <tokenbucket-redis.h>
+
+#include "fake.h"
+
+/*
+ * The fake: script calls answered with reply (or by answer), ROLE and
+ * SENTINEL with role and sentinel, other commands (TOKENBUCKET.VERSION,
+ * FCALL) as a server without the module or functions answers them.
+ */
+struct fake {
+	struct fake_server srv;
+	int port;         /* srv's */
+	atomic_int calls; /* EVALSHA and EVAL received */
+	/* The reply to a script call (the calls-th, from 1), into out; its length. */
+	size_t (*answer)(struct fake *f, int calls, char *out, size_t size);
+	/* Without answer: this reply to every script call. */
+	const char *reply;
+	size_t reply_len;
+	/* The reply to ROLE and to SENTINEL get-master-addr-by-name, NULL: an error. */
+	const char *role, *sentinel;
+	size_t role_len, sentinel_len;
+};
+
+#define BYTES(s) s, sizeof(s) - 1
+
+static size_t copy(char *out, size_t size, const char *s, size_t len)
+{
+	ck_assert_uint_le(len, size);
+	memcpy(out, s, len);
+	return len;
+}
+
+static size_t reply_to(struct fake_server *srv, redisReply *cmd, char *out, size_t size)
+{
+	struct fake *f = (struct fake *)((char *)srv - offsetof(struct fake, srv));
+	const char *name = cmd->elements > 0 ? cmd->element[0]->str : "";
+	if (strcasecmp(name, "EVALSHA") == 0 || strcasecmp(name, "EVAL") == 0) {
+		int calls = atomic_fetch_add(&f->calls, 1) + 1;
+		return f->answer != NULL ? f->answer(f, calls, out, size)
+					 : copy(out, size, f->reply, f->reply_len);
+	}
+	if (strcasecmp(name, "ROLE") == 0 && f->role != NULL)
+		return copy(out, size, f->role, f->role_len);
+	if (strcasecmp(name, "SENTINEL") == 0 && f->sentinel != NULL)
+		return copy(out, size, f->sentinel, f->sentinel_len);
+	return (size_t)snprintf(out, size, "-ERR unknown command '%s'\r\n", name);
+}
+
+/* Binds f (f->port); set what it answers, then fake_run_start. */
+static void fake_start(struct fake *f, size_t (*answer)(struct fake *, int, char *, size_t))
+{
+	memset(f, 0, sizeof(*f));
+	f->answer = answer;
+	fake_server_bind(&f->srv, reply_to);
+	f->port = f->srv.port;
+}
+
+static void fake_run_start(struct fake *f)
+{
+	fake_server_run(&f->srv);
+}
+
+static void fake_stop(struct fake *f)
+{
+	fake_server_stop(&f->srv);
+}
+
+/* A client of the fake (pipelined when pipelined), 1 s timeouts; as a sentinel when sentinel. */
+static struct tokenbucket_redis *client_of(const struct fake *f, bool pipelined, bool sentinel)
+{
+	char url[64];
+	snprintf(url, sizeof(url), sentinel ? "redis-sentinel://127.0.0.1:%d/m" : "redis://127.0.0.1:%d",
+		 f->port);
+	struct tokenbucket_redis *r;
+	ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000), INT64_C(1000000000)), 0);
+	if (pipelined)
+		ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+	return r;
+}
+
+static struct tokenbucket_redis *fake_client(const struct fake *f, bool pipelined)
+{
+	return client_of(f, pipelined, false);
+}
+
+static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 1000000000, .burst = 10 };
+
+/* The script's replies: refused (0 left, next token in 1 s) and allowed (5 left). */
+static const char refused[] = "*7\r\n:0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			      "$10\r\n1000000000\r\n$11\r\n10000000000\r\n";
+static const char allowed[] = "*7\r\n:1\r\n$1\r\n0\r\n$1\r\n5\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			      "$1\r\n0\r\n$10\r\n5000000000\r\n";
+
+/* ---- A stale reply is never the next call's answer ----------------------- */
+
+/* Every call is refused, with an allowed reply nobody asked for after it. */
+static size_t answer_refused_and_extra(struct fake *f, int calls, char *out, size_t size)
+{
+	(void)f;
+	(void)calls;
+	size_t n = copy(out, size, BYTES(refused));
+	return n + copy(out + n, size - n, BYTES(allowed));
+}
+
+START_TEST(test_stale_reply_not_taken)
+{
+	struct fake f;
+	fake_start(&f, answer_refused_and_extra);
+	fake_run_start(&f);
+	struct tokenbucket_redis *r = fake_client(&f, false);
+	for (int i = 0; i < 3; i++) {
+		struct tokenbucket_result res = { .allowed = true };
+		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), 0);
+		ck_assert(!res.allowed);
+		ck_assert_uint_eq(res.remaining, 0);
+	}
+	/* The connection that carried one is closed, not reused. */
+	ck_assert_int_eq(atomic_load(&f.srv.accepted), 3);
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
+}
+END_TEST
+
+/*
+ * The asynchronous engine (here under pipelining, on the client's I/O
+ * thread): hiredis aborts the process on a reply with no callback; the
+ * client closes the connection instead.
+ */
+static size_t answer_allowed_and_extra(struct fake *f, int calls, char *out, size_t size)
+{
+	(void)f;
+	(void)calls;
+	size_t n = copy(out, size, BYTES(allowed));
+	return n + copy(out + n, size - n, BYTES(":1\r\n"));
+}
+
+START_TEST(test_unasked_reply_pipelined)
+{
+	struct fake f;
+	fake_start(&f, answer_allowed_and_extra);
+	fake_run_start(&f);
+	struct tokenbucket_redis *r = fake_client(&f, true);
+	for (int i = 0; i < 3; i++) {
+		struct tokenbucket_result res = { .allowed = false };
+		int err = tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
+		/* Answered before the extra reply closes its connection, or failed with it. */
+		ck_assert(err == 0 || err == -EPROTO);
+		ck_assert(err != 0 || (res.allowed && res.remaining == 5));
+	}
+	ck_assert_int_ge(atomic_load(&f.srv.accepted), 2);
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
+}
+END_TEST
+
+/* ---- Numbers and names are read whole --------------------------------- */
+
+/* An allow answered reply, which must fail with -EPROTO on every path. */
+static void allow_refused_as_garbage(const char *reply, size_t len)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = reply;
+	f.reply_len = len;
+	fake_run_start(&f);
+	for (int pipelined = 0; pipelined < 2; pipelined++) {
+		struct tokenbucket_redis *r = fake_client(&f, pipelined);
+		struct tokenbucket_result res;
+		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), -EPROTO);
+		tokenbucket_redis_close(r);
+	}
+	fake_stop(&f);
+	/* tokenbucket_redis_parse decodes it alike. */
+	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = "k", .keylen = 1,
+					       .limit = lim, .n = 1 };
+	struct tokenbucket_result res;
+	size_t used;
+	ck_assert_int_eq(tokenbucket_redis_parse(&call, reply, len, &used, &res, NULL, NULL), -EPROTO);
+}
+
+START_TEST(test_number_with_nul)
+{
+	/* The level "5\0junk": not 5. */
+	static const char r[] = "*7\r\n:1\r\n$1\r\n0\r\n$6\r\n5\0junk\r\n$1\r\n0\r\n$1\r\n1\r\n"
+				"$1\r\n0\r\n$1\r\n0\r\n";
+	allow_refused_as_garbage(BYTES(r));
+}
+END_TEST
+
+START_TEST(test_level_above_burst)
+{
+	static const char r[] = "*7\r\n:1\r\n$1\r\n0\r\n$19\r\n9223372036854775807\r\n$1\r\n0\r\n"
+				"$1\r\n1\r\n$1\r\n0\r\n$1\r\n0\r\n";
+	allow_refused_as_garbage(BYTES(r));
+}
+END_TEST
+
+/* A Sentinel client of the fake as sentinel and server: the call's error. */
+static int sentinel_allow(struct fake *f, bool pipelined)
+{
+	struct tokenbucket_redis *r = client_of(f, pipelined, true);
+	struct tokenbucket_result res;
+	int err = tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
+	tokenbucket_redis_close(r);
+	return err;
+}
+
+/*
+ * The fake as its own sentinel: it names host (its bulk string, NUL
+ * allowed) at its port, and answers ROLE with role; sentinel holds the
+ * answer.  Not serving yet: fake_run_start.
+ */
+static void sentinel_fake(struct fake *f, char *sentinel, size_t size, const char *host,
+			  size_t hostlen, const char *role, size_t rolelen)
+{
+	fake_start(f, NULL);
+	f->reply = allowed;
+	f->reply_len = sizeof(allowed) - 1;
+	int n = snprintf(sentinel, size, "*2\r\n$%zu\r\n", hostlen);
+	memcpy(sentinel + n, host, hostlen);
+	n += (int)hostlen;
+	n += snprintf(sentinel + n, size - (size_t)n, "\r\n$%d\r\n%d\r\n", f->port >= 10000 ? 5 : 4,
+		      f->port);
+	f->sentinel = sentinel;
+	f->sentinel_len = (size_t)n;
+	f->role = role;
+	f->role_len = rolelen;
+}
+
+/* A primary's ROLE. */
+static const char master[] = "*3\r\n$6\r\nmaster\r\n:0\r\n*0\r\n";
+
+START_TEST(test_sentinel_host_with_nul)
+{
+	struct fake f;
+	char sentinel[128];
+	/* Reached at 127.0.0.1, the fake would answer as a primary. */
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1\0evil"), BYTES(master));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), -EPROTO);
+	ck_assert_int_eq(sentinel_allow(&f, true), -EPROTO);
+	ck_assert_int_eq(atomic_load(&f.calls), 0);
+	fake_stop(&f);
+}
+END_TEST
+
+START_TEST(test_sentinel_greets_with_two_replies)
+{
+	struct fake f;
+	char sentinel[128];
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"), BYTES(master));
+	/* Every connection gets an error and a reply before it asks anything. */
+	f.srv.greeting = "-ERR hello\r\n:1\r\n";
+	f.srv.greeting_len = strlen(f.srv.greeting);
+	fake_run_start(&f);
+	ck_assert_int_lt(sentinel_allow(&f, true), 0);
+	ck_assert_int_lt(sentinel_allow(&f, false), 0);
+	fake_stop(&f);
+}
+END_TEST
+
+START_TEST(test_sentinel_host_too_long)
+{
+	struct fake f;
+	char sentinel[512], host[255];
+	memset(host, 'a', sizeof(host));
+	sentinel_fake(&f, sentinel, sizeof(sentinel), host, sizeof(host), BYTES(master));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), -EPROTO);
+	ck_assert_int_eq(sentinel_allow(&f, true), -EPROTO);
+	fake_stop(&f);
+}
+END_TEST
+
+START_TEST(test_role_with_nul)
+{
+	struct fake f;
+	char sentinel[128];
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"),
+		      BYTES("*3\r\n$8\r\nmaster\0x\r\n:0\r\n*0\r\n"));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), -EROFS);
+	ck_assert_int_eq(atomic_load(&f.calls), 0);
+	/* The same server as a primary answers. */
+	fake_stop(&f);
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"), BYTES(master));
+	fake_run_start(&f);
+	ck_assert_int_eq(sentinel_allow(&f, false), 0);
+	fake_stop(&f);
+}
+END_TEST
+
+/* ---- A grant past the deadline is not one ---------------------------- */
+
+/* tokenbucket_redis_wait with a deadline 1 s away, answered reply: -EPROTO at once. */
+static void wait_refuses(const char *reply, size_t len)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = reply;
+	f.reply_len = len;
+	fake_run_start(&f);
+	for (int pipelined = 0; pipelined < 2; pipelined++) {
+		struct tokenbucket_redis *r = fake_client(&f, pipelined);
+		int64_t t0 = tokenbucket_now();
+		ck_assert_int_eq(tokenbucket_redis_wait(r, "k", 1, &lim, 1, t0 + INT64_C(1000000000), -1),
+				 -EPROTO);
+		ck_assert_int_lt(tokenbucket_now() - t0, INT64_C(1000000000));
+		tokenbucket_redis_close(r);
+	}
+	fake_stop(&f);
+}
+
+START_TEST(test_grant_past_deadline)
+{
+	/* Granted 11 days after the bucket's clock. */
+	wait_refuses(BYTES("*7\r\n:1\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			   "$15\r\n950400000000000\r\n$15\r\n950400000000000\r\n"));
+}
+END_TEST
+
+START_TEST(test_grant_never)
+{
+	wait_refuses(BYTES("*7\r\n:1\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n"
+			   "$19\r\n9223372036854775807\r\n$19\r\n9223372036854775807\r\n"));
+}
+END_TEST
+
+/* ---- One deadline for the whole exchange ------------------------------ */
+
+/*
+ * An allow on url (200 ms timeout), blocking and pipelined, whose server
+ * trickles its replies a byte every 150 ms: every byte within a read's
+ * timeout, each reply seconds long.  -ETIME, long before the reply.
+ */
+static void trickled_allow(struct fake *f, const char *url)
+{
+	f->srv.trickle_ns = 150 * 1000000;
+	fake_run_start(f);
+	for (int pipelined = 0; pipelined < 2; pipelined++) {
+		struct tokenbucket_redis *r;
+		ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000), 200 * 1000000), 0);
+		if (pipelined)
+			ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+		struct tokenbucket_result res;
+		int64_t t0 = tokenbucket_now();
+		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), -ETIME);
+		/* The timeout and a margin for a loaded machine. */
+		ck_assert_int_lt(tokenbucket_now() - t0, INT64_C(2000000000));
+		tokenbucket_redis_close(r);
+	}
+	fake_stop(f);
+}
+
+START_TEST(test_trickled_reply)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = refused;
+	f.reply_len = sizeof(refused) - 1;
+	char url[64];
+	snprintf(url, sizeof(url), "redis://127.0.0.1:%d", f.port);
+	trickled_allow(&f, url);
+}
+END_TEST
+
+START_TEST(test_trickled_sentinel)
+{
+	struct fake f;
+	char sentinel[128];
+	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"), BYTES(master));
+	char url[64];
+	snprintf(url, sizeof(url), "redis-sentinel://127.0.0.1:%d/m", f.port);
+	trickled_allow(&f, url);
+}
+END_TEST
+
+Suite *hostile_suite(void);
+Suite *hostile_suite(void)
+{
+	Suite *s = suite_create("redis-hostile");
+	TCase *tc = tcase_create("blocking");
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_stale_reply_not_taken);
+	tcase_add_test(tc, test_unasked_reply_pipelined);
+	tcase_add_test(tc, test_sentinel_greets_with_two_replies);
+	tcase_add_test(tc, test_number_with_nul);
+	tcase_add_test(tc, test_level_above_burst);
+	tcase_add_test(tc, test_sentinel_host_with_nul);
+	tcase_add_test(tc, test_role_with_nul);
+	tcase_add_test(tc, test_sentinel_host_too_long);
+	tcase_add_test(tc, test_grant_past_deadline);
+	tcase_add_test(tc, test_grant_never);
+	tcase_add_test(tc, test_trickled_reply);
+	tcase_add_test(tc, test_trickled_sentinel);
+	suite_add_tcase(s, tc);
+	return s;
+}
