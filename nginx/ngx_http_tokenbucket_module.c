@@ -143,6 +143,7 @@ struct ngx_http_tokenbucket_engine_s {
 typedef struct {
 	ngx_shm_zone_t *shm_zone;
 	ngx_http_complex_value_t key;
+	ngx_int_t key_index;            /* a key of one variable: its index; else NGX_ERROR */
 	ngx_http_complex_value_t *cost; /* NULL: one token a request */
 	ngx_msec_t delay;               /* the longest wait; 0 refuses at once */
 } ngx_http_tokenbucket_limit_t;
@@ -169,6 +170,7 @@ typedef struct {
 	unsigned replied:1;   /* reply holds the answer for limit next */
 	unsigned deciding:1;  /* not yet decided: the handler resumes at next */
 	unsigned have_best:1;
+	ngx_uint_t lazy;      /* 1 + the limit granted without a report, or 0 */
 	ngx_uint_t next;
 	int64_t now;          /* tokenbucket_now() when the request came */
 	int64_t until;        /* tokenbucket_now() time the longest delay ends */
@@ -197,6 +199,9 @@ struct ngx_http_tokenbucket_pending_s {
 };
 
 static ngx_int_t ngx_http_tokenbucket_init(ngx_conf_t *cf);
+
+/* The configuration reads $tokenbucket_remaining or _retry_after by index (log_format...). */
+static ngx_uint_t ngx_http_tokenbucket_vars_indexed;
 static ngx_int_t ngx_http_tokenbucket_add_variables(ngx_conf_t *cf);
 static void *ngx_http_tokenbucket_create_conf(ngx_conf_t *cf);
 static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void *child);
@@ -828,6 +833,28 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 
 /* ---- Where it applies ---------------------------------------------------- */
 
+/*
+ * A key that is one variable ("$binary_remote_addr") is read by its index,
+ * without the script engine's copy: NGX_ERROR for any other key.
+ */
+static ngx_int_t ngx_http_tokenbucket_one_variable(ngx_conf_t *cf, ngx_str_t *t)
+{
+	ngx_str_t name;
+	ngx_uint_t i;
+
+	/* Not "$1" (a capture) nor "${name}" nor text around the variable. */
+	if (t->len < 2 || t->data[0] != '$' || (t->data[1] >= '0' && t->data[1] <= '9'))
+		return NGX_ERROR;
+	for (i = 1; i < t->len; i++)
+		if (!((t->data[i] >= 'a' && t->data[i] <= 'z') ||
+		      (t->data[i] >= 'A' && t->data[i] <= 'Z') ||
+		      (t->data[i] >= '0' && t->data[i] <= '9') || t->data[i] == '_'))
+			return NGX_ERROR;
+	name.data = t->data + 1;
+	name.len = t->len - 1;
+	return ngx_http_get_variable_index(cf, &name);
+}
+
 static char *ngx_http_tokenbucket(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 {
 	ngx_http_tokenbucket_conf_t *tcf = conf;
@@ -846,6 +873,7 @@ static char *ngx_http_tokenbucket(ngx_conf_t *cf, ngx_command_t *cmd, void *conf
 	if (limit == NULL)
 		return NGX_CONF_ERROR;
 	ngx_memzero(limit, sizeof(*limit));
+	limit->key_index = NGX_ERROR;
 
 	for (i = 1; i < cf->args->nelts; i++) {
 		v = value[i];
@@ -875,6 +903,8 @@ static char *ngx_http_tokenbucket(ngx_conf_t *cf, ngx_command_t *cmd, void *conf
 			ccv.complex_value = cv;
 			if (ngx_http_compile_complex_value(&ccv) != NGX_OK)
 				return NGX_CONF_ERROR;
+			if (skip == 4)
+				limit->key_index = ngx_http_tokenbucket_one_variable(cf, &t);
 			continue;
 		}
 		if (ngx_strncmp(v.data, "delay=", 6) == 0) {
@@ -1379,38 +1409,64 @@ static ngx_int_t ngx_http_tokenbucket_seconds(int64_t ns)
 	return (ngx_int_t)((ns + 999999999) / 1000000000);
 }
 
-static ngx_int_t ngx_http_tokenbucket_header(ngx_http_request_t *r, const char *name,
-					     uint64_t value)
+/*
+ * Decimal digits of v at p, returning their end: no ngx_sprintf format
+ * parsing and no memcpy, for the few digits of each header of a request.
+ */
+static u_char *ngx_http_tokenbucket_digits(u_char *p, uint64_t v)
+{
+	u_char *s = p, *e, c;
+
+	do {
+		*p++ = (u_char)('0' + v % 10);
+		v /= 10;
+	} while (v != 0);
+	for (e = p; s < --p; s++) {
+		c = *s;
+		*s = *p;
+		*p = c;
+	}
+	return e;
+}
+
+/* Adds "name: value"; p has room for the digits, and the value stays there. */
+static ngx_int_t ngx_http_tokenbucket_header(ngx_http_request_t *r, ngx_str_t *name,
+					     u_char **p, uint64_t value)
 {
 	ngx_table_elt_t *h = ngx_list_push(&r->headers_out.headers);
-	u_char *p;
 
 	if (h == NULL)
 		return NGX_ERROR;
-	p = ngx_pnalloc(r->pool, NGX_INT64_LEN);
-	if (p == NULL)
-		return NGX_ERROR;
 	h->hash = 1;
-	h->key.data = (u_char *)name;
-	h->key.len = ngx_strlen(name);
-	h->value.data = p;
-	h->value.len = ngx_sprintf(p, "%uL", (unsigned long long)value) - p;
+	h->key = *name;
+	h->value.data = *p;
+	*p = ngx_http_tokenbucket_digits(*p, value);
+	h->value.len = *p - h->value.data;
 	return NGX_OK;
 }
 
 static ngx_int_t ngx_http_tokenbucket_headers(ngx_http_request_t *r,
 					      const struct tokenbucket_result *res)
 {
+	static ngx_str_t limit = ngx_string("RateLimit-Limit");
+	static ngx_str_t remaining = ngx_string("RateLimit-Remaining");
+	static ngx_str_t reset_name = ngx_string("RateLimit-Reset");
+	static ngx_str_t retry_name = ngx_string("Retry-After");
 	ngx_int_t reset = ngx_http_tokenbucket_seconds(res->reset_after_ns);
 	ngx_int_t retry = ngx_http_tokenbucket_seconds(res->retry_after_ns);
+	/* One allocation for the four values. */
+	u_char *p = ngx_pnalloc(r->pool, 4 * NGX_INT64_LEN);
 
-	if (ngx_http_tokenbucket_header(r, "RateLimit-Limit", res->limit) != NGX_OK ||
-	    ngx_http_tokenbucket_header(r, "RateLimit-Remaining", res->remaining) != NGX_OK)
+	if (p == NULL)
 		return NGX_ERROR;
-	if (reset >= 0 && ngx_http_tokenbucket_header(r, "RateLimit-Reset", reset) != NGX_OK)
+	if (ngx_http_tokenbucket_header(r, &limit, &p, res->limit) != NGX_OK ||
+	    ngx_http_tokenbucket_header(r, &remaining, &p, res->remaining) != NGX_OK)
+		return NGX_ERROR;
+	if (reset >= 0 &&
+	    ngx_http_tokenbucket_header(r, &reset_name, &p, (uint64_t)reset) != NGX_OK)
 		return NGX_ERROR;
 	if (!res->allowed && retry >= 0 &&
-	    ngx_http_tokenbucket_header(r, "Retry-After", retry) != NGX_OK)
+	    ngx_http_tokenbucket_header(r, &retry_name, &p, (uint64_t)retry) != NGX_OK)
 		return NGX_ERROR;
 	return NGX_OK;
 }
@@ -1801,6 +1857,17 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 					ctx->until = ctx->reply_at + res.retry_after_ns;
 			}
 		} else if (last) {
+			/*
+			 * Nothing will show the report: the plain decision skips
+			 * building it.  A refusal (or an error, which is also false)
+			 * is decided again below with its report, at the same now.
+			 */
+			if (!tcf->headers && !ngx_http_tokenbucket_vars_indexed && z->nrates == 1 &&
+			    !ctx->have_best &&
+			    tokenbucket_table_allow_at(z->table[0], now, k->data, k->len, cost)) {
+				ctx->lazy = i + 1;
+				continue;
+			}
 			rc = ngx_http_tokenbucket_allow_local(z, now, k, cost, &res);
 			if (rc != 0)
 				goto lib_error;
@@ -1888,6 +1955,7 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	ngx_http_tokenbucket_conf_t *tcf;
 	ngx_http_tokenbucket_limit_t *limits;
 	ngx_http_tokenbucket_ctx_t *ctx = ngx_http_tokenbucket_get_ctx(r);
+	ngx_http_variable_value_t *vv;
 	ngx_pool_cleanup_t *cln;
 	ngx_uint_t i, n;
 	u_char *p;
@@ -1925,10 +1993,22 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	ctx->resume.log = r->connection->log;
 
 	limits = tcf->limits->elts;
-	for (i = 0; i < n; i++)
-		if (ngx_http_complex_value(r, &limits[i].key, &ctx->keys[i]) != NGX_OK ||
-		    ngx_http_tokenbucket_cost(r, &limits[i], &ctx->costs[i]) != NGX_OK)
+	for (i = 0; i < n; i++) {
+		if (limits[i].key_index != NGX_ERROR) {
+			/* As the complex value would be: "" when not found. */
+			vv = ngx_http_get_indexed_variable(r, limits[i].key_index);
+			if (vv == NULL)
+				return NGX_HTTP_INTERNAL_SERVER_ERROR;
+			if (!vv->not_found) {
+				ctx->keys[i].data = vv->data;
+				ctx->keys[i].len = vv->len;
+			}
+		} else if (ngx_http_complex_value(r, &limits[i].key, &ctx->keys[i]) != NGX_OK) {
 			return NGX_HTTP_INTERNAL_SERVER_ERROR;
+		}
+		if (ngx_http_tokenbucket_cost(r, &limits[i], &ctx->costs[i]) != NGX_OK)
+			return NGX_HTTP_INTERNAL_SERVER_ERROR;
+	}
 	ctx->deciding = 1;
 	ctx->now = tokenbucket_now();
 	ctx->until = ctx->now;
@@ -1952,9 +2032,22 @@ static ngx_int_t ngx_http_tokenbucket_variable(ngx_http_request_t *r,
 					       ngx_http_variable_value_t *v, uintptr_t data)
 {
 	ngx_http_tokenbucket_ctx_t *ctx = ngx_http_tokenbucket_get_ctx(r);
+	ngx_http_tokenbucket_conf_t *tcf;
+	ngx_http_tokenbucket_limit_t *l;
 	ngx_int_t secs;
 	u_char *p;
 
+	if (ctx != NULL && !ctx->has_res && ctx->lazy != 0) {
+		/*
+		 * Looked up by name only (as SSI's echo does): the grant's report,
+		 * made at the decision's time, as the decision would have made it.
+		 */
+		tcf = ngx_http_get_module_loc_conf(r, ngx_http_tokenbucket_module);
+		l = (ngx_http_tokenbucket_limit_t *)tcf->limits->elts + ctx->lazy - 1;
+		if (ngx_http_tokenbucket_report_local(l->shm_zone->data, ctx->now,
+						      &ctx->keys[ctx->lazy - 1], &ctx->res) == 0)
+			ctx->has_res = 1;
+	}
 	if (ctx == NULL || (data != NGX_HTTP_TB_VAR_STATUS && !ctx->has_res)) {
 		v->not_found = 1;
 		return NGX_OK;
@@ -2008,9 +2101,19 @@ static ngx_int_t ngx_http_tokenbucket_init(ngx_conf_t *cf)
 {
 	ngx_http_core_main_conf_t *cmcf = ngx_http_conf_get_module_main_conf(cf, ngx_http_core_module);
 	ngx_http_handler_pt *h = ngx_array_push(&cmcf->phases[NGX_HTTP_PREACCESS_PHASE].handlers);
+	ngx_http_variable_t *v = cmcf->variables.elts;
+	ngx_uint_t i;
 
 	if (h == NULL)
 		return NGX_ERROR;
+	/* The whole configuration is read: every index it asked for is here. */
+	ngx_http_tokenbucket_vars_indexed = 0;
+	for (i = 0; i < cmcf->variables.nelts; i++)
+		if ((v[i].name.len == sizeof("tokenbucket_remaining") - 1 &&
+		     ngx_strncasecmp(v[i].name.data, (u_char *)"tokenbucket_remaining", v[i].name.len) == 0) ||
+		    (v[i].name.len == sizeof("tokenbucket_retry_after") - 1 &&
+		     ngx_strncasecmp(v[i].name.data, (u_char *)"tokenbucket_retry_after", v[i].name.len) == 0))
+			ngx_http_tokenbucket_vars_indexed = 1;
 	*h = ngx_http_tokenbucket_handler;
 	return NGX_OK;
 }

@@ -95,7 +95,7 @@ error_log $prefix/error.log info;
 load_module $module;
 events { worker_connections 512; }
 http {
-	log_format tb '\$http_x_key \$status \$tokenbucket_status \$tokenbucket_remaining \$tokenbucket_retry_after';
+	log_format tb '${log_vars:-\$http_x_key \$status \$tokenbucket_status \$tokenbucket_remaining \$tokenbucket_retry_after}';
 	access_log $prefix/access.log tb;
 	client_body_temp_path $prefix/tmp/body;
 	proxy_temp_path $prefix/tmp/proxy;
@@ -176,6 +176,7 @@ response() {
 	printf 'GET %s HTTP/1.1\r\nHost: x\r\nX-Key: %s\r\nConnection: close\r\n\r\n' "$1" "$2" |
 		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3"
 }
+plain_200() { grep -q '^HTTP/1.1 200' <<<"$1" && ! grep -qi '^RateLimit-' <<<"$1"; }
 not_in_log() { ! grep -qE "$1" "$prefix/error.log"; }
 
 # reload_nginx ZONES LOCATIONS: a reload (SIGHUP) to the configuration with
@@ -305,9 +306,13 @@ basic)
 	;;
 zones)
 	# Every zone must allow; a refusal by one takes nothing from the others.
+	# Nothing shows a report (no headers, no report variable): the last
+	# limit takes the plain decision, and a refusal is decided again.
+	log_vars='$http_x_key $status $tokenbucket_status'
 	write_conf "
 	tokenbucket_zone zone=perkey keys=1024 rate=1r/min burst=3;
 	tokenbucket_zone zone=all keys=16 rate=1r/min burst=4;" "
+		tokenbucket_headers off;
 		location /both/ {
 			tokenbucket zone=perkey key=\$http_x_key;
 			tokenbucket zone=all key=all;
@@ -318,6 +323,11 @@ zones)
 	check "k2: 1 granted, then all is empty" test "$(get /both/ 6 0 "X-Key: k2" | count 200)" = 1
 	check "k2's refusals by 'all' took nothing from perkey" \
 		test "$(get /a-only/ 4 0 "X-Key: k2" | count 200)" = 2
+	check "200 without RateLimit headers" plain_200 "$(response /a-only/ k3)"
+	sleep 0.5
+	check "log: PASSED and REJECTED" grep -q '^k2 429 REJECTED$' "$prefix/access.log"
+	check "log: k1 PASSED" grep -q '^k1 200 PASSED$' "$prefix/access.log"
+	unset log_vars
 	;;
 rates)
 	# A zone of several rates: a request takes from every rate's table or
