@@ -17,12 +17,15 @@
  *
  * Every call started is an op in a list kept in start order; an op leaves
  * it only when its callback has run, so each callback runs exactly once.
- * An op not sent yet waits in the list until its connection is ready
- * (connected, and set up when it needs a SELECT first), or until a pause
- * after CLUSTERDOWN or TRYAGAIN ends; hiredis matches replies to the ops
- * sent on a connection in order.  Every op has the same timeout, so the
- * list's head has the earliest deadline, and the one timer is armed for
- * it (or for the end of the earliest pause).  When a sent op's deadline
+ * An op not sent yet is also in a second list, of the waiting ops (in
+ * start order too), until its connection is ready (connected, and set up
+ * when it needs a SELECT first), or until a pause after CLUSTERDOWN or
+ * TRYAGAIN ends; hiredis matches replies to the ops sent on a connection
+ * in order.  Only the waiting ops are ever scanned, and a start outside
+ * the library's frames tries its own op alone: a start costs the same
+ * whatever is in flight.  Every op has the same timeout, so the list's
+ * head has the earliest deadline, and the one timer is armed for it (or
+ * for the end of the earliest pause).  When a sent op's deadline
  * passes, its connection is closed (a late reply must never be read as
  * another call's) and every op on it completes with -ETIME, as a blocking
  * call on a connection that timed out does.
@@ -134,7 +137,9 @@ struct pin {
 
 struct op {
 	struct tokenbucket_redis_async *a;
-	struct op *prev, *next;
+	struct op *prev, *next;   /* every op, in start order */
+	struct op *wprev, *wnext; /* the ops not sent (conn NULL), in start order */
+	uint64_t seq;             /* start order */
 	/*
 	 * all.call is the call, its key key; an allow_all's all.limits are
 	 * limits and its decision goes to all.res, set_res.
@@ -178,7 +183,10 @@ struct tokenbucket_redis_async {
 	struct pin *pins;              /* PINS of them once more than one connection is allowed */
 	int64_t spare_after;           /* no spare connection is opened before (one failed) */
 	struct op *head, *tail;
-	size_t nwaiting;       /* ops not sent (conn NULL): the scans below skip when 0 */
+	struct op *whead, *wtail; /* the ops not sent: only these are scanned */
+	size_t nwaiting;       /* ops not sent (conn NULL) */
+	uint64_t seq;          /* the next op's */
+	int64_t wait_at;       /* the earliest pause (INT64_MIN: a failure) of the ops not sent, as last scanned */
 	int64_t timer_ns;      /* the timer as last armed (-1: disarmed) */
 	bool refreshing;       /* a CLUSTER SLOTS is on its way */
 	int64_t refreshed_at;
@@ -210,20 +218,65 @@ struct tokenbucket_redis_async {
 };
 
 /*
- * Binds o to connection c (NULL: waiting again), keeping the count of
+ * o joins the ops not sent, in start order: a new op at once at the
+ * tail, one sent back (a redirection, a refused node) after the younger
+ * ones that wait, so that one key's calls still go in the order started.
+ */
+static void wait_link(struct tokenbucket_redis_async *a, struct op *o)
+{
+	struct op *p = a->wtail;
+	while (p != NULL && p->seq > o->seq)
+		p = p->wprev;
+	o->wprev = p;
+	o->wnext = p != NULL ? p->wnext : a->whead;
+	if (o->wnext != NULL)
+		o->wnext->wprev = o;
+	else
+		a->wtail = o;
+	if (p != NULL)
+		p->wnext = o;
+	else
+		a->whead = o;
+	a->nwaiting++;
+}
+
+static void wait_unlink(struct tokenbucket_redis_async *a, struct op *o)
+{
+	if (o->wprev != NULL)
+		o->wprev->wnext = o->wnext;
+	else
+		a->whead = o->wnext;
+	if (o->wnext != NULL)
+		o->wnext->wprev = o->wprev;
+	else
+		a->wtail = o->wprev;
+	o->wprev = o->wnext = NULL;
+	a->nwaiting--;
+}
+
+/* o, sent, is no longer on its connection (nor waiting). */
+static void unbind_op(struct op *o)
+{
+	o->conn->inflight--;
+	if (o->pinned)
+		o->a->pins[o->pin].count--;
+	o->pinned = false;
+	o->conn = NULL;
+}
+
+/*
+ * Binds o to connection c (NULL: waiting again), keeping the list of
  * waiting ops, each connection's count in flight and the pins.
  */
 static void bind_op(struct op *o, struct conn *c)
 {
 	struct tokenbucket_redis_async *a = o->a;
-	if ((o->conn == NULL) != (c == NULL))
-		a->nwaiting += c == NULL ? 1 : (size_t)-1;
-	if (o->conn != NULL) {
-		o->conn->inflight--;
-		if (o->pinned)
-			a->pins[o->pin].count--;
-		o->pinned = false;
-	}
+	if (o->conn == NULL && c != NULL)
+		wait_unlink(a, o);
+	else if (o->conn != NULL && c == NULL)
+		wait_link(a, o);
+	if (o->conn != NULL)
+		unbind_op(o);
 	if (c != NULL) {
 		c->inflight++;
 		struct pin *p = a->pins != NULL ? &a->pins[o->pin] : NULL;
@@ -336,18 +389,28 @@ static void conn_flush(struct conn *c)
 		conn_write(c);
 }
 
-/* Arms the timer for the earliest deadline or pause, or at once when ops have failed. */
-static void arm(struct tokenbucket_redis_async *a)
+/*
+ * Arms the timer for the earliest deadline or pause, or at once when ops
+ * have failed.  Every op has the same timeout, so the earliest deadline
+ * is the head's; the pauses and failures are those of the waiting ops
+ * from `from` on, and of the ones before as last scanned (a->wait_at).
+ * Only what runs outside the library's frames may pass a `from` other
+ * than a->whead, and only when no op before it changed since settle():
+ * the ops' pauses and errors change within frames, which end with a full
+ * scan.  from NULL: the last scan's.
+ */
+static void arm_from(struct tokenbucket_redis_async *a, const struct op *from)
 {
-	int64_t at = a->head != NULL ? a->head->deadline : INT64_MAX;
-	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
-		if (o->conn == NULL && o->err != 0) {
+	int64_t at = from == a->whead ? INT64_MAX : a->wait_at;
+	for (const struct op *o = from; o != NULL && at != INT64_MIN; o = o->wnext) {
+		if (o->err != 0)
 			at = INT64_MIN;
-			break;
-		}
-		if (o->conn == NULL && o->pause_until != 0 && o->pause_until < at)
+		else if (o->pause_until != 0 && o->pause_until < at)
 			at = o->pause_until;
 	}
+	a->wait_at = at;
+	if (a->head != NULL && a->head->deadline < at)
+		at = a->head->deadline;
 	if (a->in_round && a->ask_deadline < at)
 		at = a->ask_deadline;
 	else if (!a->in_round && a->need_primary && a->ask_after < at)
@@ -362,6 +425,11 @@ static void arm(struct tokenbucket_redis_async *a)
 	if (ns >= 0 || a->timer_ns >= 0)
 		a->loop.timer(a->loop.data, ns);
 	a->timer_ns = ns;
+}
+
+static void arm(struct tokenbucket_redis_async *a)
+{
+	arm_from(a, a->whead);
 }
 
 /* ---- Completion ----------------------------------------------------------- */
@@ -395,8 +463,10 @@ static void complete(struct op *o, int err, struct tokenbucket_result *res,
 	}
 	if (a->fallback != NULL && !a->forgetting)
 		err = tbr__fallback_apply(a->fallback, &o->all.call, err, res, rv);
-	bind_op(o, NULL);
-	a->nwaiting--; /* o leaves the list */
+	if (o->conn != NULL) /* o leaves the lists */
+		unbind_op(o);
+	else
+		wait_unlink(a, o);
 	a->completed++;
 	unlink_op(a, o);
 	bool granted = err == 0 && o->all.call.op == TOKENBUCKET_REDIS_RESERVE;
@@ -747,8 +817,8 @@ static void on_setup(redisAsyncContext *ac, void *reply, void *privdata)
 	const redisReply *rep = reply;
 	if (rep->type == REDIS_REPLY_ERROR) {
 		int err = tbr__error(rep->str, rep->len);
-		for (struct op *o = c->a->head; o != NULL; o = o->next)
-			if (o->conn == NULL && o->err == 0)
+		for (struct op *o = c->a->whead; o != NULL; o = o->wnext)
+			if (o->err == 0)
 				o->err = err;
 		c->dying = true;
 		redisAsyncFree(ac); /* deferred by hiredis until this callback returns */
@@ -776,8 +846,8 @@ static void on_role(redisAsyncContext *ac, void *reply, void *privdata)
 	}
 	bool error = rep->type == REDIS_REPLY_ERROR;
 	int err = error ? tbr__error(rep->str, rep->len) : -EROFS;
-	for (struct op *o = c->a->head; o != NULL; o = o->next) {
-		if (o->conn != NULL || o->err != 0)
+	for (struct op *o = c->a->whead; o != NULL; o = o->wnext) {
+		if (o->err != 0)
 			continue;
 		if (error)
 			o->err = err;
@@ -813,8 +883,8 @@ static void on_connect(const redisAsyncContext *ac, int status)
 		 */
 		int err = conn_error(ac);
 		atomic_store_explicit(&c->node->failed_at, tokenbucket_now(), memory_order_relaxed);
-		for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
-			if (o->conn != NULL || o->err != 0 || target(a, o) != c->node)
+		for (struct op *o = a->whead; o != NULL; o = o->wnext) {
+			if (o->err != 0 || target(a, o) != c->node)
 				continue;
 			if (a->cluster != NULL) {
 				tbr__cluster_set_stale(a->cluster);
@@ -1062,9 +1132,8 @@ static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
 		if (++a->ask_tried == n) {
 			/* A sentinel that answered without a primary says more than ones that did not answer. */
 			int err = a->ask_named_none ? -EHOSTUNREACH : a->ask_last;
-			for (struct op *o = a->nwaiting > 0 && !a->checking ? a->head : NULL; o != NULL;
-			     o = o->next)
-				if (o->conn == NULL && o->err == 0)
+			for (struct op *o = !a->checking ? a->whead : NULL; o != NULL; o = o->wnext)
+				if (o->err == 0)
 					o->err = err;
 			a->in_round = false; /* a check that failed leaves the connection alone */
 			return;
@@ -1092,18 +1161,24 @@ static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
 }
 
 /*
- * Sends every op that waits and may go: to its node's connection, opened
- * if needed.  One that cannot be (no memory, a connection refused on a
- * one-server client) gets its error, completed by settle().
+ * Sends every op that waits and may go, from `from` on (a->whead: all):
+ * to its node's connection, opened if needed.  One that cannot be (no
+ * memory, a connection refused on a one-server client) gets its error,
+ * completed by settle().  A start outside the library's frames passes
+ * its new op alone: the ops before it were tried by the last settle(),
+ * and what lets them go (a connection ready, a map, an answer) comes
+ * within frames, a pause's end from the timer.  Not for a Sentinel
+ * client, whose scan also finds whether ops wait for an address.
  */
-static void send_waiting(struct tokenbucket_redis_async *a)
+static void send_waiting(struct tokenbucket_redis_async *a, struct op *from)
 {
 	int64_t now = tokenbucket_now();
 	bool need = false;
 	if (a->sentinel != NULL)
 		sentinel_step(a, now);
-	for (struct op *o = a->nwaiting > 0 ? a->head : NULL; o != NULL; o = o->next) {
-		if (o->conn != NULL || o->err != 0 || o->pause_until > now)
+	for (struct op *o = from, *next; o != NULL; o = next) {
+		next = o->wnext; /* o leaves the list when sent */
+		if (o->err != 0 || o->pause_until > now)
 			continue;
 		struct conn *c = conn_of(a, o, target(a, o));
 		if (c == NULL) {
@@ -1167,14 +1242,15 @@ static void settle(struct tokenbucket_redis_async *a)
 {
 	unsigned long seen;
 	do {
-		for (struct op *o = a->nwaiting > 0 ? a->head : NULL, *next; o != NULL; o = next) {
-			next = o->next;
-			if (o->conn == NULL && o->err != 0)
+		/* A callback may start calls (appended, visited too) but ends none but its own. */
+		for (struct op *o = a->whead, *next; o != NULL; o = next) {
+			next = o->wnext;
+			if (o->err != 0)
 				complete(o, o->err, NULL, NULL, 0);
 		}
 		if (a->closing)
 			return;
-		send_waiting(a);
+		send_waiting(a, a->whead);
 		seen = a->completed;
 		for (size_t i = 0; i < a->nconns; i++)
 			conn_flush(a->conns[i]);
@@ -1211,6 +1287,7 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 	a->module = cfg->module;
 	a->connections = cfg->connections;
 	a->timer_ns = -1;
+	a->wait_at = INT64_MAX;
 	a->refreshed_at = INT64_MIN / 2;
 	a->sentinel = cfg->cluster == NULL ? cfg->node->sentinel : NULL;
 	a->asker.a = a;
@@ -1330,19 +1407,31 @@ static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_red
 	o->pin = pin_of(o->key, keylen);
 	o->last_err = -ETIME;
 	o->deadline = tokenbucket_now() + a->timeout_ns;
+	o->seq = a->seq++;
 	o->prev = a->tail;
 	if (a->tail != NULL)
 		a->tail->next = o;
 	else
 		a->head = o;
 	a->tail = o;
-	a->nwaiting++;
+	wait_link(a, o); /* the youngest: at the tail, at once */
 	if (a->depth > 0)
 		return 0; /* within a callback: settle() sends it on the way out */
 	a->depth++;
-	send_waiting(a); /* errors are completed from the timer, never from here */
+	/*
+	 * O(1) whatever is in flight: only o is tried (send_waiting), and
+	 * only o is added to the timer's scan.  All are tried when an op
+	 * before o may go now (its pause ended) or has failed, so one key's
+	 * calls keep their order.  Errors are completed from the timer,
+	 * never from here.
+	 */
+	bool all = a->sentinel != NULL || (a->whead != o && a->wait_at <= tokenbucket_now());
+	send_waiting(a, all ? a->whead : o);
 	sync_all(a);
-	arm(a);
+	if (all)
+		arm(a);
+	else
+		arm_from(a, o->conn == NULL ? o : NULL); /* o is the youngest: the last that waits */
 	leave(a);
 	return 0;
 }
@@ -1523,7 +1612,7 @@ void tbr__async_hook_due(struct tokenbucket_redis_async *a, struct tbr__async_ho
 {
 	h->due = due;
 	if (a->depth == 0)
-		arm(a); /* within a frame, settle() arms on the way out */
+		arm_from(a, NULL); /* the ops' part as last scanned; within a frame, settle() arms on the way out */
 }
 
 /*
