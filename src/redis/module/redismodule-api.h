@@ -20,10 +20,6 @@
 #define REDISMODULE_READ (1 << 0)
 #define REDISMODULE_WRITE (1 << 1)
 
-/* KeyType results: a missing key and a string are the only two we accept. */
-#define REDISMODULE_KEYTYPE_EMPTY 0
-#define REDISMODULE_KEYTYPE_STRING 1
-
 /* SetExpire: no expiry. */
 #define REDISMODULE_NO_EXPIRE -1
 
@@ -53,7 +49,6 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
 	  (RedisModuleCtx *, const char *, RedisModuleCmdFunc, const char *, int, int, int))  \
 	X(void *, OpenKey, (RedisModuleCtx *, RedisModuleString *, int))                       \
 	X(void, CloseKey, (RedisModuleKey *))                                                  \
-	X(int, KeyType, (RedisModuleKey *))                                                    \
 	X(char *, StringDMA, (RedisModuleKey *, size_t *, int))                                \
 	X(int, StringTruncate, (RedisModuleKey *, size_t))                                     \
 	X(int, SetExpire, (RedisModuleKey *, mstime_t))                                        \
