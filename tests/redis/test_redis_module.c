@@ -5,7 +5,9 @@
  * both, every reply equal byte for byte and every stored value equal; keys
  * handed back and forth between them; hostile values and bad arguments
  * refused alike and left as they were; the server's clock; a replica (which
- * does not load the module) holding what the primary holds.
+ * does not load the module) holding what the primary holds; a call that
+ * writes nothing leaving its key untouched (WATCH, encoding, events, the
+ * replication stream), as the script's does.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -703,6 +705,211 @@ START_TEST(test_module_aof)
 }
 END_TEST
 
+/*
+ * A call that writes nothing leaves its key as the script's GET does, in
+ * every way a client sees; a call that writes does what the script's SET
+ * does.  Each check runs the script and the module alike.  The bucket: 1
+ * token per 10 s, burst 1, on the server's clock, so that the value (43
+ * bytes) is short enough for the embstr encoding a SET gives it.
+ */
+static const char *const take1[7] = { "allow", "", "1", "10000000000", "1", "1", "0" };
+static const char *const reset1[7] = { "reset", "5", "1", "10000000000", "1", "1", "0" };
+
+/* WATCH key on w, call on c, then MULTI PING EXEC on w: whether EXEC ran. */
+static bool exec_after(redisContext *w, redisContext *c, bool module, const char *key,
+		       const char *const args[7])
+{
+	freeReplyObject(redisCommand(w, "WATCH %s", key));
+	freeReplyObject(call(c, module, key, strlen(key), args));
+	freeReplyObject(redisCommand(w, "MULTI"));
+	freeReplyObject(redisCommand(w, "PING"));
+	redisReply *r = redisCommand(w, "EXEC");
+	ck_assert_ptr_nonnull(r);
+	bool ran = r->type == REDIS_REPLY_ARRAY;
+	freeReplyObject(r);
+	return ran;
+}
+
+START_TEST(test_module_untouched_watch)
+{
+	redisContext *c = server_admin(&srv), *w = server_admin(&srv);
+	ck_assert(c != NULL && w != NULL);
+	for (int module = 0; module < 2; module++) {
+		redisReply *r = call(c, false, "w", 1, take1);
+		ck_assert_int_eq(r->element[0]->integer, 1);
+		freeReplyObject(r);
+		ck_assert_msg(exec_after(w, c, module, "w", take1),
+			      "a refusal through the %s broke a WATCH", module ? "module" : "script");
+		ck_assert(!exec_after(w, c, module, "w", reset1));
+		freeReplyObject(redisCommand(c, "DEL w"));
+	}
+	redisFree(c);
+	redisFree(w);
+}
+END_TEST
+
+static char *encoding(redisContext *c, const char *key)
+{
+	redisReply *r = redisCommand(c, "OBJECT ENCODING %s", key);
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	char *e = strdup(r->str);
+	freeReplyObject(r);
+	return e;
+}
+
+START_TEST(test_module_untouched_encoding)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	for (int module = 0; module < 2; module++) {
+		/* A refused call: the script's SET made the value embstr. */
+		freeReplyObject(call(c, false, "e", 1, take1));
+		char *before = encoding(c, "e");
+		ck_assert_str_eq(before, "embstr");
+		redisReply *r = call(c, module, "e", 1, take1);
+		ck_assert_int_eq(r->element[0]->integer, 0);
+		freeReplyObject(r);
+		char *after = encoding(c, "e");
+		ck_assert_msg(strcmp(before, after) == 0, "%s: %s, then %s after a refusal",
+			      module ? "module" : "script", before, after);
+		free(before);
+		free(after);
+		/* A value refused as corrupt, int-encoded. */
+		freeReplyObject(redisCommand(c, "SET i 12345"));
+		r = call(c, module, "i", 1, take1);
+		ck_assert(r->type == REDIS_REPLY_ERROR && strncmp(r->str, "TBCORRUPT", 9) == 0);
+		freeReplyObject(r);
+		after = encoding(c, "i");
+		ck_assert_str_eq(after, "int");
+		free(after);
+		freeReplyObject(redisCommand(c, "DEL e i"));
+	}
+	redisFree(c);
+}
+END_TEST
+
+START_TEST(test_module_untouched_events)
+{
+	redisContext *c = server_admin(&srv), *sub = server_admin(&srv);
+	ck_assert(c != NULL && sub != NULL);
+	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET notify-keyspace-events KA"), REDIS_REPLY_STATUS);
+	redisReply *r = redisCommand(sub, "PSUBSCRIBE __keyspace@0__:*");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_ARRAY);
+	freeReplyObject(r);
+	/* Granted (SET with an expiry), refused (nothing), reset at the
+	 * caller's time (SET without one), on one key each, then a fence. */
+	const char *const *steps[] = { take1, take1, reset1 };
+	for (int module = 0; module < 2; module++)
+		for (size_t i = 0; i < 3; i++)
+			freeReplyObject(call(c, module, module ? "nm" : "ns", 2, steps[i]));
+	freeReplyObject(redisCommand(c, "SET fence 1"));
+	char seen[2][128] = { "", "" };
+	for (;;) {
+		ck_assert_int_eq(redisGetReply(sub, (void **)&r), REDIS_OK);
+		ck_assert(r->type == REDIS_REPLY_ARRAY && r->elements == 4);
+		const char *key = strchr(r->element[2]->str, ':') + 1;
+		bool fence = strcmp(key, "fence") == 0;
+		if (!fence) {
+			ck_assert(strcmp(key, "ns") == 0 || strcmp(key, "nm") == 0);
+			char *to = seen[key[1] == 'm'];
+			strncat(to, " ", 127 - strlen(to));
+			strncat(to, r->element[3]->str, 127 - strlen(to));
+		}
+		freeReplyObject(r);
+		if (fence)
+			break;
+	}
+	ck_assert_str_eq(seen[0], " set expire set");
+	ck_assert_msg(strcmp(seen[1], seen[0]) == 0, "the module's events:%s, the script's:%s",
+		      seen[1], seen[0]);
+	redisFree(c);
+	redisFree(sub);
+}
+END_TEST
+
+static long long repl_offset(redisContext *c)
+{
+	redisReply *r = redisCommand(c, "INFO replication");
+	ck_assert(r != NULL && r->type == REDIS_REPLY_STRING);
+	const char *at = strstr(r->str, "master_repl_offset:");
+	ck_assert_ptr_nonnull(at);
+	long long off = strtoll(at + strlen("master_repl_offset:"), NULL, 10);
+	freeReplyObject(r);
+	return off;
+}
+
+/* Whether rc, a replica of c, is linked and has applied all c propagated.
+ * Asked of rc itself: WAIT would also count a stray replica of an earlier
+ * server on this port. */
+static bool caught_up(redisContext *c, redisContext *rc)
+{
+	for (int i = 0; i < 400; i++) {
+		redisReply *r = redisCommand(rc, "INFO replication");
+		bool up = r != NULL && r->type == REDIS_REPLY_STRING &&
+			  strstr(r->str, "master_link_status:up") != NULL;
+		freeReplyObject(r);
+		if (up && repl_offset(rc) == repl_offset(c))
+			return true;
+		nanosleep(&(struct timespec){ 0, 25000000 }, NULL);
+	}
+	return false;
+}
+
+/* The replication stream, read as a replica's offset: a refusal adds
+ * nothing, a write exactly its SET ... PXAT, the same bytes for both. */
+START_TEST(test_module_untouched_stream)
+{
+	/* No PINGs in the stream while it is measured. */
+	ck_assert_int_eq(server_cmd(&srv, "CONFIG SET repl-ping-replica-period 3600"),
+			 REDIS_REPLY_STATUS);
+	struct server rep;
+	char port[16];
+	snprintf(port, sizeof(port), "%d", srv.port);
+	ck_assert_int_eq(server_start(&rep, (const char *const[]){ "--replicaof", "127.0.0.1", port, NULL }), 0);
+	redisContext *c = server_admin(&srv), *rc = server_admin(&rep);
+	ck_assert(c != NULL && rc != NULL);
+	ck_assert(caught_up(c, rc));
+	/* The first write after the sync carries a SELECT. */
+	freeReplyObject(redisCommand(c, "SET ping 1"));
+	for (int module = 0; module < 2; module++) {
+		const char *key = module ? "pm" : "ps";
+		long long off = repl_offset(c);
+		redisReply *r = call(c, module, key, 2, take1);
+		ck_assert_int_eq(r->element[0]->integer, 1);
+		freeReplyObject(r);
+		size_t len;
+		char *v = get(c, key, &len);
+		char at[24];
+		snprintf(at, sizeof(at), "%lld", integer(c, "PEXPIRETIME %s", key));
+		/* *5 $3 SET $2 key $len value $4 PXAT $n at, once. */
+		char head[16];
+		long long set = 4 + 9 + 8 + snprintf(head, sizeof(head), "$%zu\r\n", len) + (long long)len +
+				2 + 10 + snprintf(head, sizeof(head), "$%zu\r\n", strlen(at)) +
+				(long long)strlen(at) + 2;
+		ck_assert_int_eq(repl_offset(c) - off, set);
+		/* Refused, then refused as corrupt. */
+		freeReplyObject(redisCommand(c, "SET h 12345"));
+		off = repl_offset(c);
+		r = call(c, module, key, 2, take1);
+		ck_assert_int_eq(r->element[0]->integer, 0);
+		freeReplyObject(r);
+		r = call(c, module, "h", 1, take1);
+		ck_assert(r->type == REDIS_REPLY_ERROR && strncmp(r->str, "TBCORRUPT", 9) == 0);
+		freeReplyObject(r);
+		ck_assert_int_eq(repl_offset(c) - off, 0);
+		ck_assert(caught_up(c, rc));
+		size_t l2;
+		char *v2 = get(rc, key, &l2);
+		ck_assert(v2 != NULL && l2 == len && memcmp(v, v2, len) == 0);
+		free(v);
+		free(v2);
+	}
+	redisFree(c);
+	redisFree(rc);
+	server_stop(&rep, false);
+}
+END_TEST
+
 /* n allow calls on key through r, burst 3: the first 3 granted, the rest refused. */
 static void allow_burst(struct tokenbucket_redis *r, const char *key, int n)
 {
@@ -781,6 +988,8 @@ Suite *redis_module_suite(void)
 					    test_module_server_clock, test_module_replica,
 					    test_module_aof, test_module_detected,
 					    test_module_set_differential, test_module_set_hostile,
+					    test_module_untouched_watch, test_module_untouched_encoding,
+					    test_module_untouched_events, test_module_untouched_stream,
 					    NULL });
 	return s;
 }

@@ -8,6 +8,8 @@
  *
  * A write is replicated as the SET it made, with an absolute PXAT expiry,
  * so that replicas and the AOF replay the result, never the server's clock.
+ * A call that writes nothing leaves the key as the script's GET would:
+ * nothing propagated, no event, no WATCH broken, the encoding kept.
  */
 #include <stdbool.h>
 #include <string.h>
@@ -47,14 +49,21 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 	bool several = nargs != 7;
 	int64_t ns = server_ns();
 
-	RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
+	/* Read as the script does, with GET: a key opened for writing is
+	 * signalled modified when closed (a WATCH on it fails), and reading a
+	 * string through StringDMA re-encodes a short or numeric one, so a
+	 * call that writes nothing must not touch the key any other way. */
+	RedisModuleCallReply *got = RedisModule_Call(ctx, "GET", "s", argv[1]);
+	if (got == NULL)
+		return RedisModule_ReplyWithError(ctx, "ERR tokenbucket: the value could not be read");
 	struct tbm_str stored, *sp = NULL;
-	int type = RedisModule_KeyType(key);
-	if (type == REDISMODULE_KEYTYPE_STRING) {
-		stored.p = RedisModule_StringDMA(key, &stored.n, REDISMODULE_READ);
+	int type = RedisModule_CallReplyType(got);
+	if (type == REDISMODULE_REPLY_STRING) {
+		stored.p = RedisModule_CallReplyStringPtr(got, &stored.n);
 		sp = &stored;
-	} else if (type != REDISMODULE_KEYTYPE_EMPTY) {
-		RedisModule_CloseKey(key);
+	} else if (type == REDISMODULE_REPLY_ERROR) {
+		/* The one error GET gives: a key of another type. */
+		RedisModule_FreeCallReply(got);
 		return RedisModule_ReplyWithError(ctx, REDISMODULE_ERRORMSG_WRONGTYPE);
 	}
 	struct tbm_out out;
@@ -62,14 +71,15 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 		tbm_call_all(arg, nargs, sp, ns, &out);
 	else
 		tbm_call(arg, sp, ns, &out);
-	if (out.error) {
-		RedisModule_CloseKey(key);
+	RedisModule_FreeCallReply(got);
+	if (out.error)
 		return RedisModule_ReplyWithError(ctx, out.error);
-	}
 	if (out.write) {
-		/* In place: the string resized (or made, for a new key) and
-		 * written through its pointer, which keeps any expiry; the
-		 * expiry is then set or removed as a SET would. */
+		/* Where the script SETs, and only there: in place, the string
+		 * resized (or made, for a new key) and written through its
+		 * pointer, which keeps any expiry; the expiry is then set or
+		 * removed, and the events raised, as a SET would. */
+		RedisModuleKey *key = RedisModule_OpenKey(ctx, argv[1], REDISMODULE_READ | REDISMODULE_WRITE);
 		size_t len;
 		char *dst = NULL;
 		if (RedisModule_StringTruncate(key, out.value_len) == REDISMODULE_OK)
@@ -89,8 +99,11 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 			RedisModule_SetExpire(key, REDISMODULE_NO_EXPIRE);
 			RedisModule_Replicate(ctx, "SET", "sb", argv[1], out.value, out.value_len);
 		}
+		RedisModule_CloseKey(key);
+		RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_STRING, "set", argv[1]);
+		if (out.expire)
+			RedisModule_NotifyKeyspaceEvent(ctx, REDISMODULE_NOTIFY_GENERIC, "expire", argv[1]);
 	}
-	RedisModule_CloseKey(key);
 	if (out.several) {
 		static const int fields[4] = { 0, 1, 4, 5 }; /* clock, level, act, full */
 		RedisModule_ReplyWithArray(ctx, 6);

@@ -20,12 +20,16 @@
 #define REDISMODULE_READ (1 << 0)
 #define REDISMODULE_WRITE (1 << 1)
 
-/* KeyType results: a missing key and a string are the only two we accept. */
-#define REDISMODULE_KEYTYPE_EMPTY 0
-#define REDISMODULE_KEYTYPE_STRING 1
-
 /* SetExpire: no expiry. */
 #define REDISMODULE_NO_EXPIRE -1
+
+/* CallReplyType results: the ones GET gives (a nil is neither). */
+#define REDISMODULE_REPLY_STRING 0
+#define REDISMODULE_REPLY_ERROR 1
+
+/* NotifyKeyspaceEvent classes: the ones SET raises. */
+#define REDISMODULE_NOTIFY_GENERIC (1 << 2)
+#define REDISMODULE_NOTIFY_STRING (1 << 3)
 
 #define REDISMODULE_ERRORMSG_WRONGTYPE \
 	"WRONGTYPE Operation against a key holding the wrong kind of value"
@@ -34,6 +38,7 @@ typedef long long mstime_t;
 typedef struct RedisModuleCtx RedisModuleCtx;
 typedef struct RedisModuleKey RedisModuleKey;
 typedef struct RedisModuleString RedisModuleString;
+typedef struct RedisModuleCallReply RedisModuleCallReply;
 typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv, int argc);
 
 /* Each entry: X(return type, name, parameters). */
@@ -44,13 +49,17 @@ typedef int (*RedisModuleCmdFunc)(RedisModuleCtx *ctx, RedisModuleString **argv,
 	  (RedisModuleCtx *, const char *, RedisModuleCmdFunc, const char *, int, int, int))  \
 	X(void *, OpenKey, (RedisModuleCtx *, RedisModuleString *, int))                       \
 	X(void, CloseKey, (RedisModuleKey *))                                                  \
-	X(int, KeyType, (RedisModuleKey *))                                                    \
 	X(char *, StringDMA, (RedisModuleKey *, size_t *, int))                                \
 	X(int, StringTruncate, (RedisModuleKey *, size_t))                                     \
 	X(int, SetExpire, (RedisModuleKey *, mstime_t))                                        \
 	X(int, SetAbsExpire, (RedisModuleKey *, mstime_t))                                     \
 	X(const char *, StringPtrLen, (const RedisModuleString *, size_t *))                  \
 	X(int, Replicate, (RedisModuleCtx *, const char *, const char *, ...))                 \
+	X(int, NotifyKeyspaceEvent, (RedisModuleCtx *, int, const char *, RedisModuleString *)) \
+	X(RedisModuleCallReply *, Call, (RedisModuleCtx *, const char *, const char *, ...))  \
+	X(int, CallReplyType, (RedisModuleCallReply *))                                        \
+	X(const char *, CallReplyStringPtr, (RedisModuleCallReply *, size_t *))                \
+	X(void, FreeCallReply, (RedisModuleCallReply *))                                       \
 	X(int, ReplyWithArray, (RedisModuleCtx *, long))                                       \
 	X(int, ReplyWithLongLong, (RedisModuleCtx *, long long))                               \
 	X(int, ReplyWithStringBuffer, (RedisModuleCtx *, const char *, size_t))                \
