@@ -172,14 +172,20 @@ END_TEST
 
 /* ---- Numbers and names are read whole --------------------------------- */
 
+/* A fake server that answers every command with reply, running. */
+static void fake_replying(struct fake *f, const char *reply, size_t len)
+{
+	fake_start(f, NULL);
+	f->reply = reply;
+	f->reply_len = len;
+	fake_run_start(f);
+}
+
 /* An allow answered reply, which must fail with -EPROTO on every path. */
 static void allow_refused_as_garbage(const char *reply, size_t len)
 {
 	struct fake f;
-	fake_start(&f, NULL);
-	f.reply = reply;
-	f.reply_len = len;
-	fake_run_start(&f);
+	fake_replying(&f, reply, len);
 	for (int pipelined = 0; pipelined < 2; pipelined++) {
 		struct tokenbucket_redis *r = fake_client(&f, pipelined);
 		struct tokenbucket_result res;
@@ -313,10 +319,7 @@ END_TEST
 static void wait_refuses(const char *reply, size_t len)
 {
 	struct fake f;
-	fake_start(&f, NULL);
-	f.reply = reply;
-	f.reply_len = len;
-	fake_run_start(&f);
+	fake_replying(&f, reply, len);
 	for (int pipelined = 0; pipelined < 2; pipelined++) {
 		struct tokenbucket_redis *r = fake_client(&f, pipelined);
 		int64_t t0 = tokenbucket_now();
