@@ -765,20 +765,22 @@ chain)
 	# nothing from A.  A slow A (1r/h, burst 1000) makes it exact: A loses
 	# what the chain granted.  A fast one (10r/s, burst 10) holds at least
 	# what a lone A would after the same grants: burst - 5 plus what it has
-	# made since the last of them, up to its burst.  A generous timeout: a
-	# call that times out (500) has taken A's tokens in Redis.
+	# made since the last of them, up to its burst (a table A only: a
+	# Redis A's refunds are not awaited, and by the time they have surely
+	# landed a fast A has refilled whatever they carried, so only the slow
+	# one can tell).  A generous timeout: a call that times out (500) has
+	# taken A's tokens in Redis.
 	start_redis
 	r="redis=redis://127.0.0.1:$redis_port timeout=10s"
 	zones="
 	tokenbucket_zone zone=ta keys=64 rate=1r/h burst=1000;
 	tokenbucket_zone zone=ra $r rate=1r/h burst=1000;
 	tokenbucket_zone zone=ta10 keys=64 rate=10r/s burst=10;
-	tokenbucket_zone zone=ra10 $r rate=10r/s burst=10;
 	tokenbucket_zone zone=tb keys=64 rate=1r/h burst=5;
 	tokenbucket_zone zone=rb $r rate=1r/h burst=5;"
-	runs="ta,tb ta,rb ra,tb ta10,tb ta10,rb ra10,tb"
+	runs="ta,tb ta,rb ra,tb ta10,tb ta10,rb"
 	locs=
-	for a in ta ra ta10 ra10; do # /qta/ and the like: A alone, the cost a header's
+	for a in ta ra ta10; do # /qta/ and the like: A alone, the cost a header's
 		locs+="
 		location /q$a/ { tokenbucket zone=$a key=\$http_x_key cost=\$http_x_cost; }"
 		page "q$a"
@@ -798,9 +800,15 @@ chain)
 		many_clients 32 "$path" 200 "X-Key: $key"
 		granted=$(count 200 <<<"$all")
 		refused=$(count 429 <<<"$all")
-		sleep 0.1 # the Redis refunds, not awaited
-		q=$(tokens_left "/q$a/" "$key")
-		left=$(awk '{ print $2 "," $3 }' <<<"$q")
+		# A Redis A's refunds are not awaited: they land within a few
+		# round trips, in the worker that started them (up to 3 s here; a
+		# slow A makes nothing meanwhile, so waiting hides no loss).
+		for _ in $(seq 30); do
+			q=$(tokens_left "/q$a/" "$key")
+			left=$(awk '{ print $2 "," $3 }' <<<"$q")
+			[ "${a#r}" = "$a" ] || [ "$left" = "429,$((1000 - granted))" ] && break
+			sleep 0.1
+		done
 		if [ "$a" = "${a%10}" ]; then
 			floor=$((1000 - granted))
 		else # the key's tokens made from the last grant's response to the query
