@@ -1813,12 +1813,6 @@ static int check_tables(struct tokenbucket_table *const *tables, size_t count)
 	return 0;
 }
 
-/* Whether state st is still the key's of the take that wrote after (the slot kept its owner). */
-static inline bool same_owner(uint64_t st, uint64_t after)
-{
-	return st_ver(st) == st_ver(after) && !st_claimed(st) && !st_empty(st);
-}
-
 /*
  * Whether the key surely holds fewer than n tokens, read without taking
  * (its clock moves to the call's time, as any call's): only a level read
