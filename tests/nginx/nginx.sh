@@ -846,7 +846,7 @@ config)
 	z="tokenbucket_zone zone=z keys=10 rate=1r/s;"
 	l="location / { tokenbucket zone=z key=\$http_x_key; }"
 	bad "tokenbucket_zone zone=z keys=10 rate=10r/fortnight;" "" \
-		tokenbucket_zone 'rate=10r/fortnight' 'unknown period'
+		tokenbucket_zone 'rate=10r/fortnight' 'unexpected "fortnight"'
 	bad "tokenbucket_zone zone=z keys=10 rate=0r/s;" "" tokenbucket_zone 'rate=0r/s'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=1.5;" "" tokenbucket_zone 'burst=1.5'
 	bad "tokenbucket_zone zone=z keys=0 rate=1r/s;" "" tokenbucket_zone 'keys=0'
