@@ -146,16 +146,6 @@ static int refuse(int e, const char *at, const char **end)
 	return e;
 }
 
-static u128 gcd128(u128 a, u128 b)
-{
-	while (b) {
-		u128 t = a % b;
-		a = b;
-		b = t;
-	}
-	return a;
-}
-
 /* A rate: amount (num / den tokens) every span_ns. */
 static int parse_rate(struct tokenbucket_limit *lim, const char *text, const struct decimal *d,
 		      u128 num, u128 den, u128 span_ns, const char **end)
@@ -166,7 +156,7 @@ static int parse_rate(struct tokenbucket_limit *lim, const char *text, const str
 	if (d->wide || __builtin_mul_overflow(den, span_ns, &q))
 		return refuse(-ERANGE, text, end);
 	n = num;
-	g = gcd128(n, q);
+	g = tb__gcd(n, q);
 	n /= g;
 	q /= g;
 	if (n > UINT64_MAX || q > INT64_MAX)
