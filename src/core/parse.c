@@ -134,7 +134,7 @@ static u128 read_period(const char *p, const char **bad, bool *wide)
 	}
 	for (size_t i = 0; i < sizeof(periods) / sizeof(periods[0]); i++)
 		if (strcmp(p, periods[i].name) == 0)
-			return *wide ? 1 : count * periods[i].ns;
+			return *wide ? 1 : count * periods[i].ns; /* wide: refused later */
 	*bad = p;
 	return 0;
 }
