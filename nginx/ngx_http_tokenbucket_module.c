@@ -2,8 +2,8 @@
 /*
  * ngx_http_tokenbucket_module: per-key rate limits on libtokenbucket's
  * tables in nginx shared memory, or on buckets kept in Redis by
- * libtokenbucket-redis.  A consumer of the public headers only; the rates
- * are read by tbrate's exact parser (tools/tbrate/units.c).
+ * libtokenbucket-redis.  A consumer of the public headers only; rates,
+ * bursts and key counts are read by tokenbucket_limit_parse, exactly.
  *
  *   tokenbucket_zone zone=NAME:SIZE | zone=NAME keys=N  rate=R [burst=B]
  *                    [rate=R [burst=B]]... [full=closed|open|evict];  (http)
@@ -47,8 +47,6 @@
 #include <errno.h>
 #include <tokenbucket-redis.h>
 #include <tokenbucket.h>
-
-#include "units.h"
 
 #define NGX_HTTP_TB_PASSED 1
 #define NGX_HTTP_TB_DELAYED 2
@@ -445,6 +443,43 @@ static char *ngx_http_tokenbucket_cstr(ngx_conf_t *cf, ngx_str_t *v, size_t skip
 	return s;
 }
 
+/*
+ * The value after "name=" read by tokenbucket_limit_parse into *lim: a rate
+ * with flags 0, else (TOKENBUCKET_PARSE_BURST) a whole number of at most
+ * max into lim->burst.  NGX_CONF_OK, or NGX_CONF_ERROR with the reason.
+ */
+static char *ngx_http_tokenbucket_quantity(ngx_conf_t *cf, ngx_str_t *v, size_t skip,
+					   const char *what, unsigned flags, uint64_t max,
+					   struct tokenbucket_limit *lim)
+{
+	u_char why[128], *last;
+	const char *s, *end;
+	int e;
+
+	if ((s = ngx_http_tokenbucket_cstr(cf, v, skip)) == NULL)
+		return NGX_CONF_ERROR;
+	end = s;
+	e = tokenbucket_limit_parse(lim, s, &flags, &end);
+	if (e == 0 && lim->burst <= max)
+		return NGX_CONF_OK;
+	/* On failure flags is as passed: TOKENBUCKET_PARSE_BURST or 0. */
+	if (e == -EINVAL && end == s)
+		last = ngx_sprintf(why, "a number must come first");
+	else if (e == -EINVAL && *end == '\0')
+		last = ngx_sprintf(why, "incomplete");
+	else if (e == -EINVAL)
+		last = ngx_snprintf(why, sizeof(why) - 1, "unexpected \"%s\"", end);
+	else if (e == -EDOM)
+		last = ngx_sprintf(why, "%s", flags ? "not a whole number of at least 1"
+						    : "the rate must be positive");
+	else if (flags == 0)
+		last = ngx_sprintf(why, "too large or too fine to hold exactly");
+	else
+		last = ngx_sprintf(why, "larger than %uL", max);
+	*last = '\0';
+	return ngx_http_tokenbucket_param(cf, v, what, (const char *)why);
+}
+
 static void ngx_http_tokenbucket_nowatch(void *data, int fd, unsigned events)
 {
 	(void)data, (void)fd, (void)events;
@@ -599,11 +634,11 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	ssize_t size = 0;
 	uint64_t keys = 0;
 	ngx_uint_t i, t, nbursts = 0;
-	int64_t span[NGX_HTTP_TB_RATES_MAX];
+	uint64_t amount[NGX_HTTP_TB_RATES_MAX]; /* each rate's, as written */
 	size_t room;
-	char err[TBRATE_ERR_SIZE], *s;
+	char *s;
 	u_char *colon;
-	struct tbrate_rate rate;
+	struct tokenbucket_limit lim;
 
 	z = ngx_pcalloc(cf->pool, sizeof(*z));
 	if (z == NULL)
@@ -627,38 +662,38 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 			continue;
 		}
 		if (ngx_strncmp(v.data, "rate=", 5) == 0) {
-			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 5)) == NULL)
+			if (ngx_http_tokenbucket_quantity(cf, &v, 5, "rate", 0, UINT64_MAX, &lim) !=
+			    NGX_CONF_OK)
 				return NGX_CONF_ERROR;
-			if (tbrate_parse_rate(s, &rate, err) != 0)
-				return ngx_http_tokenbucket_param(cf, &v, "rate", err);
-			if (rate.unlimited)
+			if (lim.period_ns == 0)
 				return ngx_http_tokenbucket_param(cf, &v, "rate",
 								  "a zone needs a finite rate");
 			if (z->nrates == NGX_HTTP_TB_RATES_MAX)
 				return ngx_http_tokenbucket_param(cf, &v, "rate",
 								  "a zone holds 4 rates at most");
-			z->rate[z->nrates].tokens = rate.tokens;
-			z->rate[z->nrates].period_ns = rate.period_ns;
-			span[z->nrates++] = rate.span_ns;
+			z->rate[z->nrates].tokens = lim.tokens;
+			z->rate[z->nrates].period_ns = lim.period_ns;
+			amount[z->nrates++] = lim.burst;
 			continue;
 		}
 		if (ngx_strncmp(v.data, "burst=", 6) == 0) {
-			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 6)) == NULL)
-				return NGX_CONF_ERROR;
 			/* The n-th burst= is the n-th rate='s. */
 			if (nbursts == NGX_HTTP_TB_RATES_MAX)
 				return ngx_http_tokenbucket_param(cf, &v, "burst",
 								  "a zone holds 4 rates at most");
-			if (tbrate_parse_size(s, TOKENBUCKET_TABLE_BURST_MAX,
-					      &z->rate[nbursts++].burst, err) != 0)
-				return ngx_http_tokenbucket_param(cf, &v, "burst", err);
+			if (ngx_http_tokenbucket_quantity(cf, &v, 6, "burst", TOKENBUCKET_PARSE_BURST,
+							  TOKENBUCKET_TABLE_BURST_MAX, &lim) !=
+			    NGX_CONF_OK)
+				return NGX_CONF_ERROR;
+			z->rate[nbursts++].burst = lim.burst;
 			continue;
 		}
 		if (ngx_strncmp(v.data, "keys=", 5) == 0) {
-			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 5)) == NULL)
+			if (ngx_http_tokenbucket_quantity(cf, &v, 5, "keys", TOKENBUCKET_PARSE_BURST,
+							  TOKENBUCKET_TABLE_CAPACITY_MAX, &lim) !=
+			    NGX_CONF_OK)
 				return NGX_CONF_ERROR;
-			if (tbrate_parse_size(s, TOKENBUCKET_TABLE_CAPACITY_MAX, &keys, err) != 0)
-				return ngx_http_tokenbucket_param(cf, &v, "keys", err);
+			keys = lim.burst;
 			continue;
 		}
 		if (ngx_strncmp(v.data, "redis=", 6) == 0 || ngx_strncmp(v.data, "cluster=", 8) == 0) {
@@ -768,13 +803,8 @@ static char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void 
 	 * further rate (a quota, "1000r/h") holds its amount over the period it
 	 * was written with, as tbrate's further -r does.
 	 */
-	for (t = nbursts; t < z->nrates; t++) {
-		unsigned __int128 b = t == 0 ? 1
-					     : (unsigned __int128)z->rate[t].tokens *
-						       (uint64_t)span[t] / (uint64_t)z->rate[t].period_ns;
-		z->rate[t].burst = b < 1 ? 1 : b > TOKENBUCKET_TABLE_BURST_MAX
-						   ? TOKENBUCKET_TABLE_BURST_MAX : (uint64_t)b;
-	}
+	for (t = nbursts; t < z->nrates; t++)
+		z->rate[t].burst = t == 0 ? 1 : ngx_min(amount[t], TOKENBUCKET_TABLE_BURST_MAX);
 	if (z->nseeds > 0) {
 		z->name = name;
 		return ngx_http_tokenbucket_redis_zone(cf, z, size, keys);

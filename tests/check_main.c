@@ -23,6 +23,7 @@ int main(void)
 	srunner_add_suite(sr, table_suite());
 	srunner_add_suite(sr, table_shared_suite());
 	srunner_add_suite(sr, limit_suite());
+	srunner_add_suite(sr, parse_suite());
 	srunner_add_suite(sr, table_regime_suite());
 	srunner_add_suite(sr, set_suite());
 	srunner_add_suite(sr, table_set_suite());

@@ -117,6 +117,7 @@ Suite *table_suite(void);
 Suite *table_shared_suite(void);
 /* 1.2: exact limits, the twins without _at, a table's wait (core/test_limit.c). */
 Suite *limit_suite(void);
+Suite *parse_suite(void);
 /* 1.2: a table's rate and burst change (table/test_table_regime.c). */
 Suite *table_regime_suite(void);
 /* 1.2: several limits in one decision (core/test_set.c). */

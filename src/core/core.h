@@ -152,6 +152,8 @@ static inline bool tb__give_up(struct tokenbucket *tb)
 
 /* ---- ratio.c: exact arithmetic of a regime ------------------------------- */
 
+/* The greatest common divisor (a when b is 0): every reduction to lowest terms. */
+tb__u128 tb__gcd(tb__u128 a, tb__u128 b);
 /* Tokens per second as an exact p/q tokens per ns; returns the kind. */
 enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q);
 /* Reduces tokens per period_ns to lowest terms; returns the kind. */

@@ -13,10 +13,10 @@
 
 typedef tb__u128 u128;
 
-static uint64_t gcd64(uint64_t a, uint64_t b)
+u128 tb__gcd(u128 a, u128 b)
 {
 	while (b) {
-		uint64_t t = a % b;
+		u128 t = a % b;
 		a = b;
 		b = t;
 	}
@@ -39,7 +39,7 @@ enum tb__kind tb__ratio_from_every(uint64_t tokens, int64_t period_ns, uint64_t 
 		*q = 1;
 		return TB__ZERO;
 	}
-	uint64_t g = gcd64(tokens, (uint64_t)period_ns);
+	uint64_t g = (uint64_t)tb__gcd(tokens, (uint64_t)period_ns);
 	*p = tokens / g;
 	*q = (uint64_t)period_ns / g;
 	return TB__FINITE;

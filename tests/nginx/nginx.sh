@@ -846,9 +846,15 @@ config)
 	z="tokenbucket_zone zone=z keys=10 rate=1r/s;"
 	l="location / { tokenbucket zone=z key=\$http_x_key; }"
 	bad "tokenbucket_zone zone=z keys=10 rate=10r/fortnight;" "" \
-		tokenbucket_zone 'rate=10r/fortnight' 'unknown period'
-	bad "tokenbucket_zone zone=z keys=10 rate=0r/s;" "" tokenbucket_zone 'rate=0r/s'
-	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=1.5;" "" tokenbucket_zone 'burst=1.5'
+		tokenbucket_zone 'rate=10r/fortnight' 'unexpected "fortnight"'
+	bad "tokenbucket_zone zone=z keys=10 rate=0r/s;" "" tokenbucket_zone 'rate=0r/s' 'must be positive'
+	bad "tokenbucket_zone zone=z keys=10 rate=5MB/;" "" tokenbucket_zone 'rate=5MB/' 'incomplete'
+	bad "tokenbucket_zone zone=z keys=10 rate=r/s;" "" tokenbucket_zone 'a number must come first'
+	bad "tokenbucket_zone zone=z keys=10 rate=unlimited;" "" tokenbucket_zone 'a finite rate'
+	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=1.5;" "" \
+		tokenbucket_zone 'burst=1.5' 'not a whole number of at least 1'
+	bad "tokenbucket_zone zone=z keys=10 rate=1r/s burst=2Ti;" "" \
+		tokenbucket_zone 'burst=2Ti' 'larger than 1099511627776'
 	bad "tokenbucket_zone zone=z keys=0 rate=1r/s;" "" tokenbucket_zone 'keys=0'
 	bad "tokenbucket_zone zone=z:1 rate=1r/s;" "" tokenbucket_zone 'zone=z:1'
 	bad "tokenbucket_zone zone=z:1m keys=5 rate=1r/s;" "" tokenbucket_zone 'zone=NAME:SIZE or keys=N'

@@ -448,7 +448,7 @@ group_errors() {
 	done
 	rc=0
 	$TB -r 1/x </dev/null 2>"$tmp/err" || rc=$?
-	expect_in "bad period named" "$tmp/err" "unknown period \"x\""
+	expect_in "bad period named" "$tmp/err" "unexpected \"x\""
 	rc=0
 	$TB --help >"$tmp/out" || rc=$?
 	expect_rc "--help" 0 $rc

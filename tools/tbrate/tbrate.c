@@ -88,7 +88,9 @@ struct pending {
 
 static struct {
 	enum mode mode;
-	struct tbrate_rate rate;       /* as asked (or read from the rate file) */
+	/* As asked (or read from the rate file); period_ns 0: unlimited.  Its
+	 * burst is the amount written, a further rate's default. */
+	struct tokenbucket_limit rate;
 	uint64_t burst;                /* as asked; 0: derived from the rate */
 	const char *rate_file;
 	const char *shared;
@@ -200,11 +202,11 @@ static uint64_t burst_within(unsigned __int128 b, uint64_t max)
 	return b < 1 ? 1 : b > max ? max : (uint64_t)b;
 }
 
-static uint64_t default_burst(const struct tbrate_rate *r)
+static uint64_t default_burst(const struct tokenbucket_limit *r)
 {
 	if (g.mode != MODE_BYTES)
 		return 1;
-	if (r->unlimited)
+	if (r->period_ns == 0)
 		return 4 * CHUNK_MAX;
 	if (g.redis_url != NULL) {
 		/* REDIS_BURST_NS of the rate, at least 1. */
@@ -218,18 +220,14 @@ static uint64_t default_burst(const struct tbrate_rate *r)
 }
 
 /*
- * The default burst of a second or later -r: the rate over the period it
- * was written with ("1GB/h" holds 1 GB, "1000/h" 1000), so that a quota
- * lets its whole amount through in any such period at the first rate's
- * pace.  At least 1, at most TOKENBUCKET_BURST_MAX.
+ * The default burst of a second or later -r: the amount written, which
+ * tokenbucket_limit_parse leaves in burst ("1GB/h" holds 1 GB, "1000/h"
+ * 1000), so that a quota lets its whole amount through in any such period
+ * at the first rate's pace.
  */
-static uint64_t quota_burst(const struct tbrate_rate *r)
+static uint64_t quota_burst(const struct tokenbucket_limit *r)
 {
-	if (r->unlimited)
-		return default_burst(r);
-	unsigned __int128 b = (unsigned __int128)r->tokens * (uint64_t)r->span_ns /
-			      (uint64_t)r->period_ns;
-	return burst_within(b, TOKENBUCKET_BURST_MAX);
+	return r->period_ns == 0 ? default_burst(r) : r->burst;
 }
 
 /* Bytes to read for the next chunk: CHUNK_NS of the rate in force, within burst. */
@@ -289,11 +287,9 @@ static _Noreturn void finish(int code)
 	exit(code);
 }
 
-/* A parsed rate as the library says it exactly: unlimited is a token every 0 ns. */
-static struct tokenbucket_limit exact_limit(const struct tbrate_rate *r, uint64_t burst)
+/* A parsed rate with the burst in force in place of the amount written. */
+static struct tokenbucket_limit exact_limit(const struct tokenbucket_limit *r, uint64_t burst)
 {
-	if (r->unlimited)
-		return (struct tokenbucket_limit){ .tokens = 1, .period_ns = 0, .burst = burst };
 	return (struct tokenbucket_limit){ r->tokens, r->period_ns, burst };
 }
 
@@ -330,12 +326,12 @@ static void open_lease(void)
 }
 #endif
 
-static int apply_rate(const struct tbrate_rate *r)
+static int apply_rate(const struct tokenbucket_limit *r)
 {
 	uint64_t burst = g.burst ? g.burst : default_burst(r);
 #ifdef TBRATE_HAVE_REDIS
 	if (g.redis) {
-		if (r->unlimited) {
+		if (r->period_ns == 0) {
 			warnx_("a bucket in Redis needs a finite rate; keeping the old one");
 			return -EINVAL;
 		}
@@ -348,7 +344,7 @@ static int apply_rate(const struct tbrate_rate *r)
 	return tokenbucket_set_limit(g.tb, &lim);
 }
 
-static int read_rate_file(struct tbrate_rate *r, char err[TBRATE_ERR_SIZE])
+static int read_rate_file(struct tokenbucket_limit *r, char err[TBRATE_ERR_SIZE])
 {
 	FILE *f = fopen(g.rate_file, "re");
 	if (f == NULL) {
@@ -366,8 +362,9 @@ static int read_rate_file(struct tbrate_rate *r, char err[TBRATE_ERR_SIZE])
 	char *e = s + strlen(s);
 	while (e > s && (e[-1] == ' ' || e[-1] == '\t' || e[-1] == '\n' || e[-1] == '\r'))
 		*--e = '\0';
-	int rc = tbrate_parse_rate(s, r, err);
-	if (rc == 0 && r->bytes_unit && g.mode != MODE_BYTES) {
+	bool bytes = false;
+	int rc = tbrate_parse_rate(s, r, &bytes, err);
+	if (rc == 0 && bytes && g.mode != MODE_BYTES) {
 		snprintf(err, TBRATE_ERR_SIZE, "\"%.100s\": a byte unit needs the byte mode", s);
 		rc = -EINVAL;
 	}
@@ -405,7 +402,7 @@ static void reload_rate(void)
 		warnx_("SIGHUP without --rate-file: nothing to re-read");
 		return;
 	}
-	struct tbrate_rate r;
+	struct tokenbucket_limit r;
 	char err[TBRATE_ERR_SIZE];
 	if (read_rate_file(&r, err)) {
 		warnx_("rate file: %s; keeping the rate", err);
@@ -1047,7 +1044,7 @@ static void open_shared(void)
 #ifdef TBRATE_HAVE_REDIS
 static void open_redis(void)
 {
-	if (g.rate.unlimited)
+	if (g.rate.period_ns == 0)
 		bad_usage("--redis needs a finite rate");
 	int e = tokenbucket_redis_open(&g.redis, g.redis_url, 0, 0);
 	if (e == -EINVAL)
@@ -1206,12 +1203,13 @@ int main(int argc, char **argv)
 	if (nburst > (nrate > 1 ? nrate : 1))
 		bad_usage("%zu bursts for %zu rates: each -b is the burst of one -r", nburst,
 			  nrate);
-	struct tbrate_rate rates[TOKENBUCKET_SET_MAX];
+	struct tokenbucket_limit rates[TOKENBUCKET_SET_MAX];
 	uint64_t bursts[TOKENBUCKET_SET_MAX] = { 0 };
 	for (size_t i = 0; i < nrate; i++) {
-		if (tbrate_parse_rate(rate_args[i], &rates[i], err))
+		bool bytes = false;
+		if (tbrate_parse_rate(rate_args[i], &rates[i], &bytes, err))
 			bad_usage("rate %s", err);
-		if (rates[i].bytes_unit && g.mode != MODE_BYTES)
+		if (bytes && g.mode != MODE_BYTES)
 			bad_usage("rate \"%s\": a byte unit needs the byte mode", rate_args[i]);
 	}
 	for (size_t i = 0; i < nburst; i++)
@@ -1252,10 +1250,8 @@ int main(int argc, char **argv)
 #endif
 	else {
 		uint64_t burst = g.burst ? g.burst : default_burst(&g.rate);
-		int e = g.rate.unlimited
-				? tokenbucket_create(&g.tb, TOKENBUCKET_INF, burst, 0)
-				: tokenbucket_create_every(&g.tb, g.rate.tokens, g.rate.period_ns,
-							   burst, 0);
+		struct tokenbucket_limit first = exact_limit(&g.rate, burst);
+		int e = tokenbucket_create_limit(&g.tb, &first, 0);
 		g.set[0] = g.tb;
 		if (e) {
 			warnx_("bucket: %s", strerror(-e));
