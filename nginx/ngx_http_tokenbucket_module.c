@@ -1666,9 +1666,9 @@ static ngx_inline struct tokenbucket_reservation *ngx_http_tokenbucket_rv(
  * library's give-back rule (tokenbucket_table_refund): all of them, within
  * burst, however far other requests moved the key's clock meanwhile.
  */
-static void ngx_http_tokenbucket_cancel_local(ngx_http_tokenbucket_zone_t *z, ngx_str_t *k,
-					      struct tokenbucket_reservation *rv, ngx_uint_t upto,
-					      int64_t now)
+static void ngx_http_tokenbucket_refund_local(ngx_http_tokenbucket_zone_t *z, ngx_str_t *k,
+					      struct tokenbucket_reservation *rv,
+					      ngx_uint_t upto, int64_t now)
 {
 	for (ngx_uint_t t = 0; t < upto; t++) {
 		if (rv[t].tokens != 0)
@@ -1757,7 +1757,7 @@ static int ngx_http_tokenbucket_reserve_local(ngx_http_tokenbucket_zone_t *z,
 	if (rc == 0)
 		return 0;
 	/* All or nothing: the rates before this one give back what they took. */
-	ngx_http_tokenbucket_cancel_local(z, k, rv, t, now);
+	ngx_http_tokenbucket_refund_local(z, k, rv, t, now);
 	if (rc != -ETIMEDOUT && rc != -E2BIG && rc != -EBUSY && rc != -EOVERFLOW)
 		return rc;
 	table = z->table[t];
@@ -1799,7 +1799,7 @@ static void ngx_http_tokenbucket_give_back(ngx_http_request_t *r, ngx_http_token
 			continue;
 		z = limits[j].shm_zone->data;
 		if (z->nseeds == 0) {
-			ngx_http_tokenbucket_cancel_local(z, k, rv, z->nrates, ctx->now);
+			ngx_http_tokenbucket_refund_local(z, k, rv, z->nrates, ctx->now);
 			continue;
 		}
 		if (rv->tokens == 0)
