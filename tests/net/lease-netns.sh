@@ -21,7 +21,8 @@
 # runs) per 10^3 decisions and lease_allow's mean wall time (ns/call).
 # 20000 tokens/s (TB_NETNS_RATE), burst a tenth of it, window 50 ms;
 # 2 processes x 2 threads for 3 s per round trip, a partition run of 6 s.
-# TB_NETNS_LONG=1: 4 processes for 20 s each.  TB_NETNS_STEADY_ONLY=1
+# TB_NETNS_LONG=1: 4 processes for 20 s each (TB_NETNS_SECONDS and
+# TB_NETNS_PROCS set them one by one).  TB_NETNS_STEADY_ONLY=1
 # leaves the partition out (bench/redis/lease-run).
 set -eu
 
@@ -92,6 +93,7 @@ seconds=3 procs=2
 if [ -n "${TB_NETNS_LONG:-}" ]; then
 	seconds=20 procs=4
 fi
+seconds=${TB_NETNS_SECONDS:-$seconds} procs=${TB_NETNS_PROCS:-$procs}
 status=0
 # One scenario: a fresh namespace set, server and forwarder each.
 scenario() {
