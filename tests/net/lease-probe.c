@@ -16,12 +16,12 @@
  * DOWN_AT_S it runs "ip link set dev $TB_NETNS_LINK down", and
  * DOWN_FOR_S later "... up".  50 ms after the link went down (time for a
  * reply already received to land) it notes the tokens the lease holds
- * (held) and counts the grants from then until the link is up again
- * (partition_grants): with no way to the server, the lease can grant only
- * what it held.
+ * (held), and counts the grants of the calls begun after that and decided
+ * before the link is up again (partition_grants): with no way to the
+ * server, the lease can grant only what it held.
  *
- * Every grant's time (CLOCK_REALTIME ns, read before the call, the clock
- * of the server's TIME) goes to OUTDIR/grants.P.T, one per line; the
+ * Every grant's time (CLOCK_REALTIME ns, the clock of the server's TIME,
+ * read as the call returns: never before the server took the token) goes to OUTDIR/grants.P.T, one per line; the
  * grants then fit tb-interval-check.  Prints one line of "name value"
  * pairs: first_ns (before the first lease_open, all of which wait for
  * start: before the key's first call), start_ns, end_ns, decisions,
@@ -57,11 +57,21 @@ struct result {
 	int64_t down_ns, up_ns;
 };
 
+/*
+ * The partition's count: grants of calls that began (t1) after the held
+ * tokens were read (from), decided before the link came up (until, stored
+ * before "up" runs; a call that read INT64_MAX there ended before that).
+ */
+struct window {
+	_Atomic int64_t from, until;
+	atomic_long grants;
+};
+
 struct thread {
 	pthread_t th;
 	struct tokenbucket_redis_lease *l;
 	int64_t start, until, pace_ns;
-	atomic_long *granted; /* the process's, for the partition's count */
+	struct window *w;
 	int64_t *log;
 	size_t nlog, caplog;
 	long decisions, late, errors;
@@ -98,7 +108,7 @@ static void *work(void *arg)
 			break;
 		struct tokenbucket_result res;
 		int err = tokenbucket_redis_lease_allow(t->l, 1, &res);
-		int64_t took = clock_ns(CLOCK_REALTIME) - now;
+		int64_t after = clock_ns(CLOCK_REALTIME), took = after - now;
 		t->allow_ns += took;
 		if (took > t->max_allow_ns)
 			t->max_allow_ns = took;
@@ -121,7 +131,8 @@ static void *work(void *arg)
 			continue;
 		}
 		refused = 0;
-		atomic_fetch_add(t->granted, 1);
+		if (now >= atomic_load(&t->w->from) && after <= atomic_load(&t->w->until))
+			atomic_fetch_add(&t->w->grants, 1);
 		t->late += now >= t->start + (t->until - t->start) / 2;
 		if (t->nlog == t->caplog) {
 			t->caplog = t->caplog ? 2 * t->caplog : 65536;
@@ -132,7 +143,8 @@ static void *work(void *arg)
 			}
 			t->log = p;
 		}
-		t->log[t->nlog++] = now;
+		/* After the call: no earlier than the grant, nor than the server's take. */
+		t->log[t->nlog++] = after;
 	}
 	return NULL;
 }
@@ -168,7 +180,7 @@ static int one(const struct plan *p, int proc, struct result *out)
 	out->first_ns = clock_ns(CLOCK_REALTIME);
 	if (tokenbucket_redis_lease_open(&l, r, "probe", 5, &p->lim, p->share, p->window_ns) != 0)
 		return 1;
-	atomic_long granted = 0;
+	struct window w = { .from = INT64_MAX, .until = INT64_MAX };
 	struct thread th[MAX_THREADS];
 	memset(th, 0, sizeof(th));
 	for (int i = 0; i < p->threads; i++) {
@@ -176,7 +188,7 @@ static int one(const struct plan *p, int proc, struct result *out)
 		th[i].start = p->start;
 		th[i].until = p->start + p->run_ns;
 		th[i].pace_ns = p->pace_ns;
-		th[i].granted = &granted;
+		th[i].w = &w;
 	}
 	for (int i = 0; i < p->threads; i++)
 		if (pthread_create(&th[i].th, NULL, work, &th[i]) != 0)
@@ -189,14 +201,15 @@ static int one(const struct plan *p, int proc, struct result *out)
 			status = 1;
 		sleep_until(out->down_ns + 50000000);
 		uint64_t held = 0;
-		long g0 = atomic_load(&granted);
 		tokenbucket_redis_lease_tokens(l, &held);
+		atomic_store(&w.from, clock_ns(CLOCK_REALTIME));
 		sleep_until(out->down_ns + p->down_for);
-		out->partition_grants = atomic_load(&granted) - g0;
-		out->held = (long)held;
 		out->up_ns = clock_ns(CLOCK_REALTIME);
+		atomic_store(&w.until, out->up_ns);
+		out->held = (long)held;
 		if (link_set("up") != 0)
 			status = 1;
+		out->partition_grants = atomic_load(&w.grants);
 	}
 	out->start_ns = p->start;
 	out->end_ns = p->start + p->run_ns;
