@@ -233,7 +233,7 @@ int main(int argc, char **argv)
 {
 	struct sockaddr_in listen_at, to;
 	bool have_listen = false, have_to = false;
-	for (int i = 1; i < argc; i++) {
+	for (int i = 1; i < argc; i += 2) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 		if (v == NULL)
 			usage(argv[0]);
@@ -251,7 +251,6 @@ int main(int argc, char **argv)
 			rng ^= strtoull(v, NULL, 10) * 0x9e3779b97f4a7c15u;
 		else
 			usage(argv[0]);
-		i++;
 	}
 	if (!have_listen || !have_to)
 		usage(argv[0]);

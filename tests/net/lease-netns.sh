@@ -39,6 +39,22 @@ if [ "${1:-}" = --inside ]; then
 	out=$(mktemp -d "${TMPDIR:-/tmp}/tb-lease-netns.XXXXXX")
 	trap 'rm -rf "$out"' EXIT
 	admin() { redis-cli -s "$TB_NETNS_ADMIN" "$@" | tr -d '\r'; }
+	# The forwarder first: 128 kB there and back intact under jitter (a
+	# reordered chunk garbles it), from 16 connections at once.
+	head -c 65536 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$out/value"
+	for i in $(seq 16); do
+		redis-cli -u "$TB_NETNS_URL" -x SET "big$i" <"$out/value" >/dev/null &
+	done
+	wait
+	for i in $(seq 16); do
+		redis-cli -u "$TB_NETNS_URL" --no-raw GET "big$i" | tr -d '"\n' >"$out/back$i" &
+	done
+	wait
+	for i in $(seq 16); do
+		cmp -s "$out/value" "$out/back$i" || { echo "FAIL $label: tb-delay garbled a value" >&2; exit 1; }
+	done
+	admin FLUSHALL >/dev/null
+	rm -f "$out"/back* "$out/value"
 	# The round trip as measured: 200 PINGs on one connection.
 	redis-cli -u "$TB_NETNS_URL" ping >/dev/null
 	t0=$(date +%s%N)
@@ -50,8 +66,8 @@ if [ "${1:-}" = --inside ]; then
 		/^cmdstat_(eval|evalsha|fcall)/ { for (i = 1; i < NF; i++) if ($i == "calls") s += $(i + 1) }
 		END { printf "%d", s }')
 	get() { echo "$line" | awk -v k="$1" '{ for (i = 1; i < NF; i += 2) if ($i == k) print $(i + 1) }'; }
-	sort -n "$out"/grants.* >"$out/all"
-	verdict=$("$check" --rate "$RATE" --burst "$BURST" --from "$(get first_ns)" "$out/all")
+	cat "$out"/grants.* >"$out/all"
+	verdict=$("$check" --spans --rate "$RATE" --burst "$BURST" --from "$(get first_ns)" "$out/all")
 	cget() { echo "$verdict" | awk -v k="$1" '{ for (i = 1; i < NF; i += 2) if ($i == k) print $(i + 1) }'; }
 	run_s=$(awk -v s="$(get start_ns)" -v e="$(get end_ns)" 'BEGIN { print (e - s) / 1e9 }')
 	awk -v l="$label" -v rtt="$rtt_us" -v d="$(get decisions)" -v g="$(get grants)" \
@@ -62,7 +78,7 @@ if [ "${1:-}" = --inside ]; then
 			l, rtt / 1000, ns, n * 1000 / d, late / (r * s / 2), we, wd, fe, mx / 1e6, g
 	}'
 	status=0
-	if ! "$check" --rate "$RATE" --burst "$BURST" --from "$(get first_ns)" \
+	if ! "$check" --spans --rate "$RATE" --burst "$BURST" --from "$(get first_ns)" \
 		--max-first-excess 0 "$out/all" >/dev/null; then
 		echo "FAIL $label: grants from the key's first call above burst + rate x elapsed" >&2
 		status=1

@@ -20,9 +20,10 @@
  * before the link is up again (partition_grants): with no way to the
  * server, the lease can grant only what it held.
  *
- * Every grant's time (CLOCK_REALTIME ns, the clock of the server's TIME,
- * read as the call returns: never before the server took the token) goes to OUTDIR/grants.P.T, one per line; the
- * grants then fit tb-interval-check.  Prints one line of "name value"
+ * Every grant's span goes to OUTDIR/grants.P.T, one per line: the
+ * CLOCK_REALTIME ns (the clock of the server's TIME) read before and after
+ * the call; the grant, and the server's take of its token, came no later
+ * than the second.  The files fit tb-interval-check --spans.  Prints one line of "name value"
  * pairs: first_ns (before the first lease_open, all of which wait for
  * start: before the key's first call), start_ns, end_ns, decisions,
  * grants, late_grants (the second half's), errors, allow_ns (a
@@ -135,7 +136,7 @@ static void *work(void *arg)
 			atomic_fetch_add(&t->w->grants, 1);
 		t->late += now >= t->start + (t->until - t->start) / 2;
 		if (t->nlog == t->caplog) {
-			t->caplog = t->caplog ? 2 * t->caplog : 65536;
+			t->caplog = t->caplog ? 2 * t->caplog : 131072;
 			int64_t *p = realloc(t->log, t->caplog * sizeof(*p));
 			if (p == NULL) {
 				t->failed = 1;
@@ -143,7 +144,8 @@ static void *work(void *arg)
 			}
 			t->log = p;
 		}
-		/* After the call: no earlier than the grant, nor than the server's take. */
+		/* The grant, and the server's take before it, are no later than after. */
+		t->log[t->nlog++] = now;
 		t->log[t->nlog++] = after;
 	}
 	return NULL;
@@ -217,7 +219,7 @@ static int one(const struct plan *p, int proc, struct result *out)
 		pthread_join(th[i].th, NULL);
 		status |= th[i].failed;
 		out->decisions += th[i].decisions;
-		out->grants += (long)th[i].nlog;
+		out->grants += (long)th[i].nlog / 2;
 		out->late_grants += th[i].late;
 		out->errors += th[i].errors;
 		out->allow_ns += th[i].allow_ns;
@@ -228,8 +230,8 @@ static int one(const struct plan *p, int proc, struct result *out)
 		FILE *f = fopen(path, "w");
 		if (f == NULL)
 			return 1;
-		for (size_t k = 0; k < th[i].nlog; k++)
-			fprintf(f, "%" PRId64 "\n", th[i].log[k]);
+		for (size_t k = 0; k < th[i].nlog; k += 2)
+			fprintf(f, "%" PRId64 " %" PRId64 "\n", th[i].log[k], th[i].log[k + 1]);
 		if (fclose(f) != 0)
 			status = 1;
 		free(th[i].log);

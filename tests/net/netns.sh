@@ -8,7 +8,7 @@
 # direction held D ms (default 0.5) plus a jitter of up to J ms (default
 # 0) either way, so a round trip takes about 2 × D.
 #
-#   client ns (veth c) 10.213.N.2 --- 10.213.N.1 forwarder ns 10.214.N.1 --- 10.214.N.2 server ns
+#   client ns (veth c) 10.213.0.2 --- 10.213.0.1 forwarder ns 10.214.0.1 --- 10.214.0.2 server ns
 #
 # COMMAND gets, in its environment: TB_NETNS_URL (the server through the
 # forwarder), TB_NETNS_ADMIN (the server's unix socket, outside the delay:
@@ -40,8 +40,8 @@ command -v ip >/dev/null 2>&1 || skip "no ip(8) (iproute2)"
 command -v redis-server >/dev/null 2>&1 || skip "no redis-server"
 command -v redis-cli >/dev/null 2>&1 || skip "no redis-cli"
 
-# Names and subnets of this run: several runs may overlap.
-n=$(($$ % 250 + 1))
+# Names of this run's namespaces: several runs may overlap.  Their
+# addresses cannot meet (each namespace has its own).
 cns=tbc$$ fns=tbf$$ sns=tbs$$
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tb-netns.XXXXXX")
 fwd= srv=
@@ -67,10 +67,10 @@ ip -n "$fns" link add fc type veth peer name c
 ip -n "$fns" link set c netns "$cns"
 ip -n "$fns" link add fs type veth peer name s
 ip -n "$fns" link set s netns "$sns"
-ip -n "$fns" addr add "10.213.$n.1/24" dev fc
-ip -n "$cns" addr add "10.213.$n.2/24" dev c
-ip -n "$fns" addr add "10.214.$n.1/24" dev fs
-ip -n "$sns" addr add "10.214.$n.2/24" dev s
+ip -n "$fns" addr add "10.213.0.1/24" dev fc
+ip -n "$cns" addr add "10.213.0.2/24" dev c
+ip -n "$fns" addr add "10.214.0.1/24" dev fs
+ip -n "$sns" addr add "10.214.0.2/24" dev s
 for pair in "$cns c" "$fns fc" "$fns fs" "$sns s"; do
 	ip -n "${pair% *}" link set "${pair#* }" up
 done
@@ -78,17 +78,17 @@ for ns in $cns $fns $sns; do
 	ip -n "$ns" link set lo up
 done
 
-ip netns exec "$sns" redis-server --port 6379 --bind "10.214.$n.2" \
+ip netns exec "$sns" redis-server --port 6379 --bind "10.214.0.2" \
 	--unixsocket "$tmp/redis.sock" --save '' --appendonly no --protected-mode no \
 	--dir "$tmp" --logfile "$tmp/redis.log" --daemonize no &
 srv=$!
-ip netns exec "$fns" "$delay_bin" --listen "10.213.$n.1:6379" --to "10.214.$n.2:6379" \
+ip netns exec "$fns" "$delay_bin" --listen "10.213.0.1:6379" --to "10.214.0.2:6379" \
 	--delay-ms "$delay" --jitter-ms "$jitter" --seed "$$" &
 fwd=$!
 up=
 for _ in $(seq 100); do
 	if redis-cli -s "$tmp/redis.sock" ping >/dev/null 2>&1 &&
-		ip netns exec "$cns" redis-cli -h "10.213.$n.1" -p 6379 ping >/dev/null 2>&1; then
+		ip netns exec "$cns" redis-cli -h "10.213.0.1" -p 6379 ping >/dev/null 2>&1; then
 		up=1
 		break
 	fi
@@ -97,6 +97,6 @@ done
 [ -n "$up" ] || { echo "netns.sh: the server is not reachable through the forwarder" >&2; cat "$tmp/redis.log" >&2; exit 1; }
 
 status=0
-ip netns exec "$cns" env TB_NETNS_URL="redis://10.213.$n.1:6379" \
+ip netns exec "$cns" env TB_NETNS_URL="redis://10.213.0.1:6379" \
 	TB_NETNS_ADMIN="$tmp/redis.sock" TB_NETNS_LINK=c "$@" || status=$?
 exit "$status"
