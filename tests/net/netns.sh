@@ -87,6 +87,7 @@ ip netns exec "$fns" "$delay_bin" --listen "10.213.0.1:6379" --to "10.214.0.2:63
 fwd=$!
 up=
 for _ in $(seq 100); do
+	kill -0 "$srv" 2>/dev/null && kill -0 "$fwd" 2>/dev/null || break
 	if redis-cli -s "$tmp/redis.sock" ping >/dev/null 2>&1 &&
 		ip netns exec "$cns" redis-cli -h "10.213.0.1" -p 6379 ping >/dev/null 2>&1; then
 		up=1
