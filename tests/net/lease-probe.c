@@ -14,7 +14,7 @@
  *
  * partition: one process, two threads, each calling every PACE_US; at
  * DOWN_AT_S it runs "ip link set dev $TB_NETNS_LINK down", and
- * DOWN_FOR_S later "... up".  50 ms after the link went down (time for a
+ * DOWN_FOR_S later "... up".  20 ms after the link went down (time for a
  * reply already received to land) it notes the tokens the lease holds
  * (held), and counts the grants of the calls begun after that and decided
  * before the link is up again (partition_grants): with no way to the
@@ -201,7 +201,7 @@ static int one(const struct plan *p, int proc, struct result *out)
 		out->down_ns = clock_ns(CLOCK_REALTIME);
 		if (link_set("down") != 0)
 			status = 1;
-		sleep_until(out->down_ns + 50000000);
+		sleep_until(out->down_ns + 20000000);
 		uint64_t held = 0;
 		tokenbucket_redis_lease_tokens(l, &held);
 		atomic_store(&w.from, clock_ns(CLOCK_REALTIME));
