@@ -23,8 +23,9 @@
  * Every grant's span goes to OUTDIR/grants.P.T, one per line: the
  * CLOCK_REALTIME ns (the clock of the server's TIME) read before and after
  * the call; the grant, and the server's take of its token, came no later
- * than the second.  The files fit tb-interval-check --spans.  Prints one line of "name value"
- * pairs: first_ns (before the first lease_open, all of which wait for
+ * than the second.  The files fit tb-interval-check --spans.
+ *
+ * Prints one line of "name value" pairs: first_ns (before the first lease_open, all of which wait for
  * start: before the key's first call), start_ns, end_ns, decisions,
  * grants, late_grants (the second half's), errors, allow_ns (a
  * lease_allow's mean wall time, one clock read included), max_allow_ns
@@ -33,10 +34,10 @@
  */
 #include <errno.h>
 #include <inttypes.h>
-#include <stdbool.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
