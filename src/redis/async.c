@@ -124,6 +124,7 @@ struct conn {
 	size_t inflight;       /* ops bound to it (sent on ac, answers not yet read) */
 	/* What ac's server sent, parsed again ahead of hiredis (conn_read); no objects. */
 	redisReader *shadow;
+	struct tbr__bound bound; /* and scanned against the bounds first */
 	unsigned gen; /* counts the ac's c has had */
 };
 
@@ -914,6 +915,7 @@ static void conn_attach(struct conn *c, redisAsyncContext *ac)
 	c->want = c->watched = 0;
 	redisReaderFree(c->shadow);
 	c->shadow = redisReaderCreateWithFunctions(NULL); /* NULL: conn_read drops c */
+	c->bound = (struct tbr__bound){ 0 };
 	c->dying = c->unreached = c->loading = false;
 	ac->data = c;
 	ac->ev.data = c;
@@ -1508,10 +1510,12 @@ static void conn_read(struct conn *c)
 		redisAsyncHandleRead(ac); /* reads the EOF or error again, and fails ac with it */
 		return;
 	}
-	size_t cut = (size_t)n;
-	bool unasked = false;
+	/* Past a bound, only what came before it is read; then the connection closes. */
+	size_t good = tbr__bound_scan(&c->bound, buf, (size_t)n);
+	size_t cut = good;
+	bool unasked = c->bound.bad;
 	const redisCallback *cb = ac->replies.head;
-	redisReaderFeed(c->shadow, buf, (size_t)n);
+	redisReaderFeed(c->shadow, buf, good);
 	size_t end = 0; /* where the last reply that has a callback ends in buf */
 	for (;;) {
 		void *r = NULL;
@@ -1523,7 +1527,7 @@ static void conn_read(struct conn *c)
 			break;
 		}
 		cb = cb->next;
-		end = (size_t)n - (c->shadow->len - c->shadow->pos);
+		end = good - (c->shadow->len - c->shadow->pos);
 	}
 	unsigned gen = c->gen;
 	if (cut > 0 && redisReaderFeed(ac->c.reader, buf, cut) != REDIS_OK) {

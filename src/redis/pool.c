@@ -174,7 +174,7 @@ int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
 static bool conn_unread(const struct tbr__conn *c)
 {
 	const redisReader *rd = c->c->reader;
-	return rd == NULL || rd->pos < rd->len || rd->ridx >= 0;
+	return rd == NULL || rd->pos < rd->len || rd->ridx >= 0 || c->bound.bad;
 }
 
 /* An idle connection with bytes or EOF waiting: its server closed it, or a reply nobody reads. */
@@ -409,7 +409,7 @@ static int conn_flush(struct tbr__conn *c)
 /* Reads one reply from c by c->deadline; 0 or the error of a read that failed. */
 static int conn_read(struct tbr__conn *c, redisReply **rep)
 {
-	int r = tbr__read_by(c->c, c->deadline, &c->timeout_ns, rep);
+	int r = tbr__read_by(c->c, &c->bound, c->deadline, &c->timeout_ns, rep);
 	return r == 1 ? tbr__conn_error(c->c, errno) : r;
 }
 
