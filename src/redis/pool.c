@@ -324,6 +324,11 @@ static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t tim
 		}
 		c->epoch = primary_named(n, found, port, ask);
 	}
+	/* The call's one deadline covers its connection attempt too. */
+	int64_t left = deadline - tokenbucket_now();
+	int64_t connect_ns = (int64_t)connect_tv.tv_sec * 1000000000 + (int64_t)connect_tv.tv_usec * 1000;
+	if (left < connect_ns)
+		connect_tv = tb__timeval_of(left > 1000 ? left : 1000);
 	errno = 0;
 	if (n->path != NULL)
 		c->c = redisConnectUnixWithTimeout(n->path, connect_tv);

@@ -5,7 +5,9 @@
 # for FUZZ_SECONDS (60) on a copy of tests/fuzz/corpus, then replays the
 # corpus and tests/fuzz/regressions.  Then the same for the mapping fuzzer
 # (fuzz_mapping.c: any bytes as a shared bucket or table) for MAPPING_SECONDS
-# (30) on tests/fuzz/corpus-mapping.  Exits nonzero on any crash, divergence
+# (30) on tests/fuzz/corpus-mapping, and the Redis reply decoders' fuzzer
+# (fuzz_redis.c, where hiredis is installed) for REDIS_SECONDS (30) on
+# tests/fuzz/corpus-redis.  Exits nonzero on any crash, divergence
 # or call that loops.  Usage: tests/fuzz/run.sh [BUILD_DIR]   (default build-fuzz/)
 # Extra libFuzzer options go in FUZZ_ARGS, e.g. FUZZ_ARGS="-jobs=4 -workers=4".
 # Needs clang and libclang-rt-14-dev (Debian 12) besides the library's own
@@ -72,6 +74,33 @@ replay=$(find "$here/corpus-mapping" -type f ! -name '.*' | sort)
 echo "replaying $(echo "$replay" | wc -l) committed mapping inputs"
 # shellcheck disable=SC2086
 "$build/fuzz_mapping" -timeout=10 $replay || status=$?
+
+# The Redis reply decoders (any bytes as a server's replies), on their
+# sources and hiredis; skipped without hiredis, as the library is.
+if pkg-config --exists hiredis; then
+	echo "building $build/fuzz_redis with $CC"
+	# shellcheck disable=SC2086
+	$CC $cflags -I"$top/src/redis" $(pkg-config --cflags hiredis) -o "$build/fuzz_redis" \
+		"$here/fuzz_redis.c" "$top"/src/redis/codec.c "$top"/src/redis/slots.c \
+		"$top"/src/redis/sentinel.c "$top"/src/redis/sigpipe.c "$top"/src/core/*.c \
+		$(pkg-config --libs hiredis) -lm -lpthread
+	rseconds=${REDIS_SECONDS:-30}
+	rm -rf "$build/corpus-redis"
+	mkdir -p "$build/corpus-redis"
+	cp "$here"/corpus-redis/* "$build/corpus-redis/"
+	echo "fuzzing Redis replies for $rseconds s (corpus: $build/corpus-redis)"
+	# shellcheck disable=SC2086
+	"$build/fuzz_redis" -max_total_time="$rseconds" -timeout=10 -print_final_stats=1 \
+		-artifact_prefix="$build/artifacts/redis-" ${FUZZ_ARGS:-} "$build/corpus-redis" ||
+		status=$?
+	replay=$(find "$here/corpus-redis" -type f ! -name '.*' | sort)
+	echo "replaying $(echo "$replay" | wc -l) committed Redis inputs"
+	# shellcheck disable=SC2086
+	"$build/fuzz_redis" -timeout=10 $replay || status=$?
+elif [ -n "${TOKENBUCKET_NO_SKIP:-}" ]; then
+	echo "FAILED: no hiredis for the Redis reply fuzzer" >&2
+	status=1
+fi
 
 if [ "$status" -ne 0 ]; then
 	echo "FAILED: a crash or a divergence; see above and $build/artifacts" >&2
