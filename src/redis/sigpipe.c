@@ -90,8 +90,9 @@ static bool bound_line(struct tbr__bound *b)
 	if (b->head[1] == '-')
 		return true; /* nil */
 	if (type == '*') {
-		if (v > TBR__REPLY_COUNT_MAX)
+		if (v > TBR__REPLY_COUNT_MAX - b->elements)
 			return false;
+		b->elements += v;
 		b->pending += v;
 	} else {
 		if (v > TBR__REPLY_STRING_MAX)
@@ -130,7 +131,7 @@ size_t tbr__bound_scan(struct tbr__bound *b, const char *buf, size_t len)
 			return line_start;
 		}
 		if (b->pending == 0 && b->skip == 0 && b->line == 0)
-			b->bytes = 0; /* between replies */
+			b->bytes = b->elements = 0; /* between replies */
 	}
 	return b->bad ? 0 : len;
 }

@@ -41,18 +41,20 @@ int tbr__write_nosignal(redisContext *c);
  * Bounds on what a server may send, checked on the bytes before hiredis
  * reads them: hiredis 0.14 allocates a multi-bulk's elements when its
  * count comes (2^31 - 1 of them: 16 GiB) and buffers a bulk string or a
- * line until it ends.  No reply of the library's calls comes near these:
- * the largest, CLUSTER SLOTS, has at most 16384 ranges of a few short
- * fields each.
+ * line until it ends.  Counted over a whole reply, as each element
+ * costs an allocation however few bytes it takes.  No reply of the
+ * library's calls comes near these: the largest, CLUSTER SLOTS, has at
+ * most 16384 ranges of a few short fields each.
  */
-#define TBR__REPLY_COUNT_MAX 65536           /* elements of one multi-bulk */
-#define TBR__REPLY_STRING_MAX 65536          /* bytes of one bulk string or line */
-#define TBR__REPLY_BYTES_MAX (16u << 20)     /* bytes of one whole reply */
+#define TBR__REPLY_COUNT_MAX (1u << 18)  /* elements of one reply, its multi-bulks' together */
+#define TBR__REPLY_STRING_MAX 65536      /* bytes of one bulk string or line */
+#define TBR__REPLY_BYTES_MAX (8u << 20)  /* bytes of one whole reply */
 /* A connection's scan of the replies it read so far: zero it with the connection. */
 struct tbr__bound {
 	uint64_t skip;    /* bytes of a bulk string's body still to come (its CRLF included) */
 	uint64_t pending; /* items the reply begun still needs (0: between replies) */
 	uint64_t bytes;   /* bytes of the reply begun so far */
+	uint64_t elements; /* and elements */
 	uint64_t line;    /* bytes of the line begun so far */
 	char head[24];    /* its first bytes: the type and a count or length */
 	bool bad;         /* a bound was passed: nothing after it is read */

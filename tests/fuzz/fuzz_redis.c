@@ -43,8 +43,8 @@ static void fail(const char *what)
 	__builtin_trap();
 }
 
-/* Every count and length hiredis made an object of stays within the bounds. */
-static void check_bounded(const redisReply *r, int depth)
+/* Every count and length hiredis made an object of stays within the bounds; *elements counts them. */
+static void check_bounded(const redisReply *r, int depth, size_t *elements)
 {
 	if (depth > 16)
 		fail("nested deeper than hiredis allows");
@@ -52,10 +52,11 @@ static void check_bounded(const redisReply *r, int depth)
 	     r->type == REDIS_REPLY_ERROR) && r->len > TBR__REPLY_STRING_MAX)
 		fail("a string past the bound reached hiredis");
 	if (r->type == REDIS_REPLY_ARRAY) {
-		if (r->elements > TBR__REPLY_COUNT_MAX)
+		*elements += r->elements;
+		if (*elements > TBR__REPLY_COUNT_MAX)
 			fail("a count past the bound reached hiredis");
 		for (size_t i = 0; i < r->elements; i++)
-			check_bounded(r->element[i], depth + 1);
+			check_bounded(r->element[i], depth + 1, elements);
 	}
 }
 
@@ -209,7 +210,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (redisReaderGetReply(rd, &r) != REDIS_OK || r == NULL)
 			break;
 		const redisReply *rep = r;
-		check_bounded(rep, 0);
+		size_t elements = 0;
+		check_bounded(rep, 0, &elements);
 		switch (which) {
 		case 0: decision(cfg, rep); break;
 		case 1: decision_all(cfg, rep); break;
