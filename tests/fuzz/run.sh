@@ -54,26 +54,30 @@ if [ -n "$replay" ]; then
 	"$build/fuzz_tokenbucket" $replay || status=$?
 fi
 
+# Fuzzes $build/$1 for $2 s on a copy of tests/fuzz/$3 (crashes written
+# with the prefix $4), then replays the committed $3.
+fuzz_corpus() {
+	rm -rf "${build:?}/$3"
+	mkdir -p "$build/$3"
+	cp "$here/$3"/* "$build/$3/"
+	echo "fuzzing $1 for $2 s (corpus: $build/$3)"
+	# shellcheck disable=SC2086
+	"$build/$1" -max_total_time="$2" -timeout=10 -print_final_stats=1 \
+		-artifact_prefix="$build/artifacts/$4" ${FUZZ_ARGS:-} "$build/$3" || status=$?
+	echo "$3: $(ls "$build/$3" | wc -l) inputs"
+	replay=$(find "$here/$3" -type f ! -name '.*' | sort)
+	echo "replaying $(echo "$replay" | wc -l) committed inputs of $3"
+	# shellcheck disable=SC2086
+	"$build/$1" -timeout=10 $replay || status=$?
+}
+
 # The mapping fuzzer: the library's loops count their rounds
 # (TB__FUZZ_ROUNDS) and the writer lock waits 1 ms, not 2 s.
 echo "building $build/fuzz_mapping with $CC"
 # shellcheck disable=SC2086
 $CC $cflags -DTB__FUZZ_ROUNDS -DTB__LOCK_WAIT_NS=1000000 -o "$build/fuzz_mapping" \
 	"$here/fuzz_mapping.c" "$top"/src/core/*.c "$top"/src/shm/*.c "$top"/src/table/*.c -lm -lpthread
-mseconds=${MAPPING_SECONDS:-30}
-rm -rf "$build/corpus-mapping"
-mkdir -p "$build/corpus-mapping"
-cp "$here"/corpus-mapping/* "$build/corpus-mapping/"
-echo "fuzzing mappings for $mseconds s (corpus: $build/corpus-mapping)"
-# shellcheck disable=SC2086
-"$build/fuzz_mapping" -max_total_time="$mseconds" -timeout=10 -print_final_stats=1 \
-	-artifact_prefix="$build/artifacts/mapping-" ${FUZZ_ARGS:-} "$build/corpus-mapping" ||
-	status=$?
-echo "mapping corpus: $(ls "$build/corpus-mapping" | wc -l) inputs"
-replay=$(find "$here/corpus-mapping" -type f ! -name '.*' | sort)
-echo "replaying $(echo "$replay" | wc -l) committed mapping inputs"
-# shellcheck disable=SC2086
-"$build/fuzz_mapping" -timeout=10 $replay || status=$?
+fuzz_corpus fuzz_mapping "${MAPPING_SECONDS:-30}" corpus-mapping mapping-
 
 # The Redis reply decoders (any bytes as a server's replies), on their
 # sources and hiredis; skipped without hiredis, as the library is.
@@ -84,19 +88,7 @@ if pkg-config --exists hiredis; then
 		"$here/fuzz_redis.c" "$top"/src/redis/codec.c "$top"/src/redis/slots.c \
 		"$top"/src/redis/sentinel.c "$top"/src/redis/sigpipe.c "$top"/src/core/*.c \
 		$(pkg-config --libs hiredis) -lm -lpthread
-	rseconds=${REDIS_SECONDS:-30}
-	rm -rf "$build/corpus-redis"
-	mkdir -p "$build/corpus-redis"
-	cp "$here"/corpus-redis/* "$build/corpus-redis/"
-	echo "fuzzing Redis replies for $rseconds s (corpus: $build/corpus-redis)"
-	# shellcheck disable=SC2086
-	"$build/fuzz_redis" -max_total_time="$rseconds" -timeout=10 -print_final_stats=1 \
-		-artifact_prefix="$build/artifacts/redis-" ${FUZZ_ARGS:-} "$build/corpus-redis" ||
-		status=$?
-	replay=$(find "$here/corpus-redis" -type f ! -name '.*' | sort)
-	echo "replaying $(echo "$replay" | wc -l) committed Redis inputs"
-	# shellcheck disable=SC2086
-	"$build/fuzz_redis" -timeout=10 $replay || status=$?
+	fuzz_corpus fuzz_redis "${REDIS_SECONDS:-30}" corpus-redis redis-
 elif [ -n "${TOKENBUCKET_NO_SKIP:-}" ]; then
 	echo "FAILED: no hiredis for the Redis reply fuzzer" >&2
 	status=1
