@@ -88,7 +88,7 @@ static bool bound_line(struct tbr__bound *b)
 	if (i == first || b->line > sizeof(b->head))
 		return false;
 	if (b->head[1] == '-')
-		return true; /* nil */
+		return v == 1; /* nil; hiredis takes no other negative */
 	if (type == '*') {
 		if (v > TBR__REPLY_COUNT_MAX - b->elements)
 			return false;
@@ -118,7 +118,9 @@ size_t tbr__bound_scan(struct tbr__bound *b, const char *buf, size_t len)
 				b->head[b->line] = buf[i];
 			b->line++;
 			b->bytes++;
-			bool end = buf[i++] == '\n';
+			/* A line ends where hiredis ends it: at CRLF, not at a bare LF. */
+			bool end = buf[i] == '\n' && b->cr;
+			b->cr = buf[i++] == '\r';
 			if (b->line > TBR__REPLY_STRING_MAX || (end && !bound_line(b))) {
 				b->bad = true;
 				return line_start;

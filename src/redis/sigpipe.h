@@ -57,6 +57,7 @@ struct tbr__bound {
 	uint64_t elements; /* and elements */
 	uint64_t line;    /* bytes of the line begun so far */
 	char head[24];    /* its first bytes: the type and a count or length */
+	bool cr;          /* the last byte of the line was CR */
 	bool bad;         /* a bound was passed: nothing after it is read */
 };
 /*
