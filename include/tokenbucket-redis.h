@@ -59,8 +59,10 @@ struct tokenbucket_redis_limit {
  * "redis-sentinel://host[:port][,host[:port]...]/name[/db]": the primary of
  * master name as the Redis Sentinels there (port 26379 by default) say,
  * asked on every new connection, so a failover is followed.  Connections open on first use and
- * reopen on the call after a failure.  connect_timeout_ns bounds each
- * connection attempt, command_timeout_ns each round trip (<= 0: 1 second).
+ * reopen on the call after a failure.  command_timeout_ns (<= 0: 1
+ * second) is one deadline for a call's whole exchange, from its
+ * connection attempt to the reply's last byte, not one per read;
+ * connect_timeout_ns bounds each connection attempt within it.
  * -EINVAL: rp or url NULL, url malformed.  -ENOMEM.
  */
 TOKENBUCKET_API int tokenbucket_redis_open(struct tokenbucket_redis **rp, const char *url,

@@ -90,8 +90,6 @@ void redisProcessCallbacks(redisAsyncContext *ac);
 
 /* Pause before an op is sent again after CLUSTERDOWN, TRYAGAIN, or a refused connection. */
 #define PAUSE_NS INT64_C(10000000)
-/* Redirections one op follows before it gives up with -ELOOP. */
-#define REDIRECTS_MAX 16
 /* The least time between two map requests. */
 #define REFRESH_GAP_NS INT64_C(10000000)
 /* A node whose connection failed this recently is not asked for the map. */
@@ -126,6 +124,7 @@ struct conn {
 	size_t inflight;       /* ops bound to it (sent on ac, answers not yet read) */
 	/* What ac's server sent, parsed again ahead of hiredis (conn_read); no objects. */
 	redisReader *shadow;
+	struct tbr__bound bound; /* and scanned against the bounds first */
 	unsigned gen; /* counts the ac's c has had */
 };
 
@@ -156,13 +155,15 @@ struct op {
 	int err;            /* not sent: the error to complete it with, or 0 */
 	int last_err;       /* not sent: what it gets if its time runs out */
 	int64_t pause_until; /* not sent before this (0: no pause) */
-	struct tbr__node *ask; /* send there once, after ASKING */
+	struct tbr__node *to; /* a node a redirection named: sent there once (after ASKING when ask) */
+	bool ask;
 	bool asking;        /* sent after ASKING (NOSCRIPT sends it again so) */
 	bool module;        /* sent as TOKENBUCKET.CALL */
 	bool function;      /* sent as FCALL */
 	bool demoted;       /* answered READONLY once (a Sentinel client) */
 	bool pinned;        /* counted in a->pins[pin] */
 	int redirects;
+	int unreached;      /* the last connection error of a node it was sent to, or 0 */
 	unsigned slot;
 	uint32_t pin;       /* the key's hash, modulo PINS */
 	struct tokenbucket_redis_limit limits[]; /* an allow_all's, copied */
@@ -561,13 +562,14 @@ static bool redirected(struct op *o, struct conn *c, const redisReply *rep)
 	struct tbr__node *to;
 	bool ask;
 	int r = tbr__cluster_redirect(a->cluster, c->node, rep, &to, &ask);
-	if (r < 0 || (r == 0 && ++o->redirects > REDIRECTS_MAX)) {
-		complete(o, r < 0 ? r : -ELOOP, NULL, NULL, 0);
+	if (r < 0 || (r == 0 && ++o->redirects > TBR__REDIRECTS_MAX)) {
+		complete(o, r < 0 ? r : tbr__redirects_spent(o->unreached), NULL, NULL, 0);
 		return true;
 	}
 	if (r == 0) {
 		again(o, -ETIME, false);
-		o->ask = ask ? to : NULL;
+		o->to = to;
+		o->ask = ask;
 		return true;
 	}
 	if (starts(rep, "TRYAGAIN") || starts(rep, "CLUSTERDOWN") || starts(rep, "LOADING") ||
@@ -608,7 +610,8 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		if (c->unreached && c->drop_err == 0 && o->a->cluster != NULL) {
 			/* Never written: the node refused; tried again after a pause. */
 			tbr__cluster_set_stale(o->a->cluster);
-			again(o, conn_error(ac), true);
+			o->unreached = conn_error(ac);
+			again(o, o->unreached, true);
 			return;
 		}
 		complete(o, c->drop_err != 0 ? c->drop_err : conn_error(ac), NULL, NULL, 0);
@@ -861,7 +864,7 @@ static void on_role(redisAsyncContext *ac, void *reply, void *privdata)
 /* Where o goes now: an ASK target, its slot's primary, or the one server. */
 static struct tbr__node *target(struct tokenbucket_redis_async *a, const struct op *o)
 {
-	return o->ask != NULL ? o->ask
+	return o->to != NULL ? o->to
 	       : a->cluster != NULL ? tbr__cluster_route(a->cluster, o->slot)
 				    : a->node;
 }
@@ -912,6 +915,7 @@ static void conn_attach(struct conn *c, redisAsyncContext *ac)
 	c->want = c->watched = 0;
 	redisReaderFree(c->shadow);
 	c->shadow = redisReaderCreateWithFunctions(NULL); /* NULL: conn_read drops c */
+	c->bound = (struct tbr__bound){ 0 };
 	c->dying = c->unreached = c->loading = false;
 	ac->data = c;
 	ac->ev.data = c;
@@ -1193,6 +1197,8 @@ static void send_waiting(struct tokenbucket_redis_async *a, struct op *from)
 			int err = conn_open(c, false);
 			if (err != 0 && a->cluster != NULL) {
 				tbr__cluster_set_stale(a->cluster);
+				o->to = NULL;
+				o->unreached = err;
 				again(o, err, true);
 				continue;
 			}
@@ -1203,13 +1209,13 @@ static void send_waiting(struct tokenbucket_redis_async *a, struct op *from)
 		}
 		if (!c->ready || c->dying)
 			continue;
-		if (o->ask != NULL && redisAsyncCommand(c->ac, NULL, NULL, "ASKING") != REDIS_OK) {
+		o->asking = o->to != NULL && o->ask;
+		if (o->asking && redisAsyncCommand(c->ac, NULL, NULL, "ASKING") != REDIS_OK) {
 			o->err = -ENOMEM;
 			continue;
 		}
 		o->pause_until = 0;
-		o->asking = o->ask != NULL;
-		o->ask = NULL;
+		o->to = NULL;
 		send_op(o, c);
 	}
 	if (a->sentinel != NULL) {
@@ -1504,10 +1510,12 @@ static void conn_read(struct conn *c)
 		redisAsyncHandleRead(ac); /* reads the EOF or error again, and fails ac with it */
 		return;
 	}
-	size_t cut = (size_t)n;
-	bool unasked = false;
+	/* Past a bound, only what came before it is read; then the connection closes. */
+	size_t good = tbr__bound_scan(&c->bound, buf, (size_t)n);
+	size_t cut = good;
+	bool unasked = c->bound.bad;
 	const redisCallback *cb = ac->replies.head;
-	redisReaderFeed(c->shadow, buf, (size_t)n);
+	redisReaderFeed(c->shadow, buf, good);
 	size_t end = 0; /* where the last reply that has a callback ends in buf */
 	for (;;) {
 		void *r = NULL;
@@ -1519,7 +1527,7 @@ static void conn_read(struct conn *c)
 			break;
 		}
 		cb = cb->next;
-		end = (size_t)n - (c->shadow->len - c->shadow->pos);
+		end = good - (c->shadow->len - c->shadow->pos);
 	}
 	unsigned gen = c->gen;
 	if (cut > 0 && redisReaderFeed(ac->c.reader, buf, cut) != REDIS_OK) {

@@ -27,8 +27,6 @@
 /* Nodes a client remembers (seeds and every address a map or redirect named). */
 #define TBR__NODES_MAX 1024
 #define TBR__NONE UINT16_MAX
-/* Redirections followed by one call before it gives up with -ELOOP. */
-#define TBR__REDIRECTS_MAX 16
 /* Pause before trying again a node that refused or a cluster that is not ready. */
 #define TBR__PAUSE_NS INT64_C(10000000)
 /* The least time between two map refreshes that a failure asks for. */
@@ -337,24 +335,34 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		return err;
 	const int64_t deadline = tokenbucket_now() + cl->timeout_ns;
 	const unsigned slot = tbr__slot(call->key, call->keylen);
-	struct tbr__node *ask = NULL; /* an ASK target, for one attempt */
+	/*
+	 * The node a redirection named, for the next attempt (before the map
+	 * is asked again, which may still name the node that redirected), and
+	 * whether it goes after ASKING.
+	 */
+	struct tbr__node *next = NULL;
+	bool ask = false;
 	int redirects = 0;
+	int unreached = 0; /* the last connection error since the call began */
 	err = -ETIME;
 	for (;;) {
-		refresh(cl, deadline);
+		if (next == NULL)
+			refresh(cl, deadline);
 		int64_t left = deadline - tokenbucket_now();
 		if (left <= 0)
 			return err;
-		struct tbr__node *n = ask != NULL ? ask : tbr__cluster_route(cl, slot);
+		struct tbr__node *n = next != NULL ? next : tbr__cluster_route(cl, slot);
+		bool asking = next != NULL && ask;
+		next = NULL;
 		struct tbr__conn *c;
 		int got = get(cl, n, left, &c);
 		if (got != 0) {
 			/* Nothing was sent: try again (the map may have moved on) until the time is up. */
 			err = got;
+			unreached = got;
 			failed(n);
 			tbr__node_flush(n);
 			atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
-			ask = NULL;
 			pause_until(deadline);
 			continue;
 		}
@@ -362,7 +370,7 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		bool unsent;
 		int mode = cl->module != NULL ? atomic_load_explicit(cl->module, memory_order_relaxed)
 					      : TOKENBUCKET_REDIS_MODULE_AUTO;
-		err = tbr__conn_call(c, call, ask != NULL, mode, &rep, &unsent);
+		err = tbr__conn_call(c, call, asking, mode, &rep, &unsent);
 		if (err != 0) {
 			/* Its siblings may be dead too. */
 			tbr__conn_drop(c);
@@ -371,12 +379,9 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 			atomic_store_explicit(&cl->stale, true, memory_order_relaxed);
 			if (!unsent)
 				return err; /* the call may have run: it is not sent again */
-			ask = NULL;
 			continue;
 		}
 		tbr__conn_put(n, c);
-		bool asking = ask != NULL;
-		ask = NULL;
 		if (rep->type != REDIS_REPLY_ERROR) {
 			err = tbr__decode(call, rep, res, rv, tokens);
 			freeReplyObject(rep);
@@ -387,12 +392,13 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		if (starts(rep, "NOSCRIPT") && !(call->flags & TOKENBUCKET_REDIS_EVAL)) {
 			/* This node has not seen the script: the text, to the same node. */
 			call->flags |= TOKENBUCKET_REDIS_EVAL;
-			ask = asking ? n : NULL;
+			next = asking ? n : NULL;
+			ask = asking;
 			err = -ETIME;
 		} else if (tbr__cluster_redirect(cl, n, rep, &to, &rd_ask) != 1) {
-			err = to == NULL ? intern_error(cl) : -ELOOP;
-			if (to != NULL && rd_ask)
-				ask = to;
+			err = to == NULL ? intern_error(cl) : tbr__redirects_spent(unreached);
+			next = to;
+			ask = rd_ask;
 			if (to == NULL || ++redirects > TBR__REDIRECTS_MAX) {
 				freeReplyObject(rep);
 				return err;

@@ -6,6 +6,7 @@
 #ifndef TOKENBUCKET_REDIS_CLUSTER_H
 #define TOKENBUCKET_REDIS_CLUSTER_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -41,6 +42,18 @@ struct tbr__node *tbr__cluster_route(struct tbr__cluster *cl, unsigned slot);
  */
 int tbr__cluster_redirect(struct tbr__cluster *cl, const struct tbr__node *from,
 			  const redisReply *rep, struct tbr__node **to, bool *ask);
+/* Redirections one call follows (blocking or asynchronous). */
+#define TBR__REDIRECTS_MAX 16
+/*
+ * A call's error when its redirections run out: -ELOOP only when every
+ * node named answered; a node that could not be reached (unreached, its
+ * connection error, 0: none) was the fault, so its error, as a primary
+ * killed gives.
+ */
+static inline int tbr__redirects_spent(int unreached)
+{
+	return unreached != 0 ? unreached : -ELOOP;
+}
 /* Replaces the map with the CLUSTER SLOTS reply rep of node n; 0 or a negative errno. */
 int tbr__cluster_map(struct tbr__cluster *cl, const struct tbr__node *n, const redisReply *rep);
 /* Whether the map may be wrong and wants a refresh; marking it so. */

@@ -12,6 +12,7 @@
 
 #include "decimal.h"
 #include "internal.h"
+#include "sigpipe.h"
 
 static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
 
@@ -457,15 +458,18 @@ int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call, const cha
 		return -ENOMEM;
 	void *rep = NULL;
 	int err = 0;
-	if (len > 0 && redisReaderFeed(rd, buf, len) != REDIS_OK)
+	/* hiredis sees only what lies within the bounds: a reply past them is malformed, not awaited. */
+	struct tbr__bound b = { 0 };
+	size_t good = len > 0 ? tbr__bound_scan(&b, buf, len) : 0;
+	if (good > 0 && redisReaderFeed(rd, buf, good) != REDIS_OK)
 		err = -ENOMEM;
 	else if (redisReaderGetReply(rd, &rep) != REDIS_OK)
 		err = rd->err == REDIS_ERR_OOM ? -ENOMEM : -EPROTO;
 	else if (rep == NULL)
-		err = -EAGAIN;
+		err = b.bad ? -EPROTO : -EAGAIN;
 	if (err == 0) {
 		/* What the reader has not consumed is still in its buffer. */
-		*used = len - (rd->len - rd->pos);
+		*used = good - (rd->len - rd->pos);
 		struct tokenbucket_result r;
 		struct tokenbucket_reservation v;
 		double t;

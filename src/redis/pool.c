@@ -174,7 +174,7 @@ int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
 static bool conn_unread(const struct tbr__conn *c)
 {
 	const redisReader *rd = c->c->reader;
-	return rd == NULL || rd->pos < rd->len || rd->ridx >= 0;
+	return rd == NULL || rd->pos < rd->len || rd->ridx >= 0 || c->bound.bad;
 }
 
 /* An idle connection with bytes or EOF waiting: its server closed it, or a reply nobody reads. */
@@ -324,6 +324,11 @@ static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t tim
 		}
 		c->epoch = primary_named(n, found, port, ask);
 	}
+	/* The call's one deadline covers its connection attempt too. */
+	int64_t left = deadline - tokenbucket_now();
+	int64_t connect_ns = (int64_t)connect_tv.tv_sec * 1000000000 + (int64_t)connect_tv.tv_usec * 1000;
+	if (left < connect_ns)
+		connect_tv = tb__timeval_of(left > 1000 ? left : 1000);
 	errno = 0;
 	if (n->path != NULL)
 		c->c = redisConnectUnixWithTimeout(n->path, connect_tv);
@@ -409,7 +414,7 @@ static int conn_flush(struct tbr__conn *c)
 /* Reads one reply from c by c->deadline; 0 or the error of a read that failed. */
 static int conn_read(struct tbr__conn *c, redisReply **rep)
 {
-	int r = tbr__read_by(c->c, c->deadline, &c->timeout_ns, rep);
+	int r = tbr__read_by(c->c, &c->bound, c->deadline, &c->timeout_ns, rep);
 	return r == 1 ? tbr__conn_error(c->c, errno) : r;
 }
 

@@ -28,6 +28,7 @@ struct tbr__conn {
 	redisContext *c;
 	int64_t timeout_ns; /* the socket timeouts now set on c */
 	int64_t deadline;   /* tokenbucket_now() by which its exchange ends: set by tbr__conn_get */
+	struct tbr__bound bound; /* what its server sent so far, against the bounds */
 	bool module;        /* its server has the module (until it answers otherwise) */
 	bool function;      /* its server has the function library (the same) */
 	uint64_t epoch;     /* a Sentinel client's: its node's epoch when it was made */

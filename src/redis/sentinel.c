@@ -173,12 +173,14 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 	if (err == 0) {
 		const char *argv[] = { "SENTINEL", "get-master-addr-by-name", name };
 		int64_t set = timeout_ns;
+		struct tbr__bound bound = { 0 };
 		int r = redisAppendCommandArgv(c, 3, argv, NULL) != REDIS_OK ? -ENOMEM
 			: tbr__write_nosignal(c) < 0			    ? 1
-									    : tbr__read_by(c, deadline, &set, &rep);
+									    : tbr__read_by(c, &bound, deadline, &set, &rep);
 		if (r == 1)
-			r = c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
-											     : -ECONNRESET;
+			r = c->err == REDIS_ERR_PROTOCOL ? -EPROTO
+			    : c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
+												 : -ECONNRESET;
 		err = r;
 	}
 	if (err == 0)

@@ -67,10 +67,118 @@ int tbr__write_nosignal(redisContext *c)
 	return 0;
 }
 
+/* A header line ends: its count or length against the bounds; false past one. */
+static bool bound_line(struct tbr__bound *b)
+{
+	if (b->pending == 0)
+		b->pending = 1; /* a reply begins */
+	b->pending--;
+	char type = b->head[0];
+	if (type != '*' && type != '$')
+		return true;
+	/* hiredis reads the number itself; here only its size matters (-1 is nil). */
+	size_t n = b->line < sizeof(b->head) ? (size_t)b->line : sizeof(b->head);
+	uint64_t v = 0;
+	size_t first = b->head[1] == '-' ? 2 : 1, i = first;
+	for (; i < n && b->head[i] != '\r'; i++) {
+		if (b->head[i] < '0' || b->head[i] > '9' || v > UINT64_MAX / 16)
+			return false;
+		v = v * 10 + (uint64_t)(b->head[i] - '0');
+	}
+	if (i == first || b->line > sizeof(b->head))
+		return false;
+	if (b->head[1] == '-')
+		return v == 1; /* nil; hiredis takes no other negative */
+	if (type == '*') {
+		if (v > TBR__REPLY_COUNT_MAX - b->elements)
+			return false;
+		b->elements += v;
+		b->pending += v;
+	} else {
+		if (v > TBR__REPLY_STRING_MAX)
+			return false;
+		b->skip = v + 2;
+	}
+	return true;
+}
+
+size_t tbr__bound_scan(struct tbr__bound *b, const char *buf, size_t len)
+{
+	size_t i = 0, line_start = 0;
+	while (i < len && !b->bad) {
+		if (b->skip > 0) {
+			size_t k = len - i < b->skip ? len - i : (size_t)b->skip;
+			b->skip -= k;
+			b->bytes += k;
+			i += k;
+		} else {
+			if (b->line == 0)
+				line_start = i;
+			if (b->line < sizeof(b->head))
+				b->head[b->line] = buf[i];
+			b->line++;
+			b->bytes++;
+			/* A line ends where hiredis ends it: at CRLF, not at a bare LF. */
+			bool end = buf[i] == '\n' && b->cr;
+			b->cr = buf[i++] == '\r';
+			if (b->line > TBR__REPLY_STRING_MAX || (end && !bound_line(b))) {
+				b->bad = true;
+				return line_start;
+			}
+			if (end)
+				b->line = 0;
+		}
+		if (b->bytes > TBR__REPLY_BYTES_MAX) {
+			b->bad = true;
+			return line_start;
+		}
+		if (b->pending == 0 && b->skip == 0 && b->line == 0)
+			b->bytes = b->elements = 0; /* between replies */
+	}
+	return b->bad ? 0 : len;
+}
+
+/*
+ * What redisBufferRead does, with the bytes bounded (b) before the reader
+ * has them: a stream past a bound fails c as a protocol error on the read
+ * after the replies before that point.
+ */
+static int read_bounded(redisContext *c, struct tbr__bound *b)
+{
+	if (b->bad) {
+		/* What came before the bound passed has been read: now c fails. */
+		c->err = REDIS_ERR_PROTOCOL;
+		snprintf(c->errstr, sizeof(c->errstr), "A reply longer than any the call can have");
+		errno = EPROTO;
+		return -1;
+	}
+	char buf[16 * 1024];
+	ssize_t n;
+	do
+		n = recv(c->fd, buf, sizeof(buf), 0);
+	while (n < 0 && errno == EINTR);
+	if (n <= 0) {
+		int e = errno;
+		c->err = n == 0 ? REDIS_ERR_EOF : REDIS_ERR_IO;
+		snprintf(c->errstr, sizeof(c->errstr), "%s",
+			 n == 0 ? "Server closed the connection" : strerror(e));
+		errno = e;
+		return -1;
+	}
+	size_t good = tbr__bound_scan(b, buf, (size_t)n);
+	if (good > 0 && redisReaderFeed(c->reader, buf, good) != REDIS_OK) {
+		c->err = REDIS_ERR_OOM;
+		snprintf(c->errstr, sizeof(c->errstr), "Out of memory");
+		return -1;
+	}
+	return 0;
+}
+
 /* How far past its deadline a read may end rather than set its socket's timeout again. */
 #define TBR__READ_SLACK_NS INT64_C(1000000)
 
-int tbr__read_by(redisContext *c, int64_t deadline, int64_t *timeout_ns, redisReply **rep)
+int tbr__read_by(redisContext *c, struct tbr__bound *b, int64_t deadline, int64_t *timeout_ns,
+		redisReply **rep)
 {
 	void *r = NULL;
 	for (;;) {
@@ -88,7 +196,7 @@ int tbr__read_by(redisContext *c, int64_t deadline, int64_t *timeout_ns, redisRe
 			*timeout_ns = left;
 		}
 		errno = 0;
-		if (redisBufferRead(c) != REDIS_OK)
+		if (read_bounded(c, b) != 0)
 			return 1;
 	}
 	*rep = r;

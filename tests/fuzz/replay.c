@@ -82,7 +82,7 @@ int fuzz_replay(const char *path, int *count, bool trace)
 int fuzz_replay_main(int argc, char **argv, int (*make_seeds)(const char *dir), bool trace,
 		     const char *done)
 {
-	if (argc == 3 && strcmp(argv[1], "--make-seeds") == 0)
+	if (argc == 3 && make_seeds != NULL && strcmp(argv[1], "--make-seeds") == 0)
 		return make_seeds(argv[2]);
 	if (argc < 2) {
 		fprintf(stderr, "usage: %s FILE|DIR...\n       %s --make-seeds DIR\n", argv[0],

@@ -5,7 +5,9 @@
 # for FUZZ_SECONDS (60) on a copy of tests/fuzz/corpus, then replays the
 # corpus and tests/fuzz/regressions.  Then the same for the mapping fuzzer
 # (fuzz_mapping.c: any bytes as a shared bucket or table) for MAPPING_SECONDS
-# (30) on tests/fuzz/corpus-mapping.  Exits nonzero on any crash, divergence
+# (30) on tests/fuzz/corpus-mapping, and the Redis reply decoders' fuzzer
+# (fuzz_redis.c, where hiredis is installed) for REDIS_SECONDS (30) on
+# tests/fuzz/corpus-redis.  Exits nonzero on any crash, divergence
 # or call that loops.  Usage: tests/fuzz/run.sh [BUILD_DIR]   (default build-fuzz/)
 # Extra libFuzzer options go in FUZZ_ARGS, e.g. FUZZ_ARGS="-jobs=4 -workers=4".
 # Needs clang and libclang-rt-14-dev (Debian 12) besides the library's own
@@ -52,26 +54,45 @@ if [ -n "$replay" ]; then
 	"$build/fuzz_tokenbucket" $replay || status=$?
 fi
 
+# Fuzzes $build/$1 for $2 s on a copy of tests/fuzz/$3 (crashes written
+# with the prefix $4), then replays the committed $3.
+fuzz_corpus() {
+	rm -rf "${build:?}/$3"
+	mkdir -p "$build/$3"
+	cp "$here/$3"/* "$build/$3/"
+	echo "fuzzing $1 for $2 s (corpus: $build/$3)"
+	# shellcheck disable=SC2086
+	"$build/$1" -max_total_time="$2" -timeout=10 -print_final_stats=1 \
+		-artifact_prefix="$build/artifacts/$4" ${FUZZ_ARGS:-} "$build/$3" || status=$?
+	echo "$3: $(ls "$build/$3" | wc -l) inputs"
+	replay=$(find "$here/$3" -type f ! -name '.*' | sort)
+	echo "replaying $(echo "$replay" | wc -l) committed inputs of $3"
+	# shellcheck disable=SC2086
+	"$build/$1" -timeout=10 $replay || status=$?
+}
+
 # The mapping fuzzer: the library's loops count their rounds
 # (TB__FUZZ_ROUNDS) and the writer lock waits 1 ms, not 2 s.
 echo "building $build/fuzz_mapping with $CC"
 # shellcheck disable=SC2086
 $CC $cflags -DTB__FUZZ_ROUNDS -DTB__LOCK_WAIT_NS=1000000 -o "$build/fuzz_mapping" \
 	"$here/fuzz_mapping.c" "$top"/src/core/*.c "$top"/src/shm/*.c "$top"/src/table/*.c -lm -lpthread
-mseconds=${MAPPING_SECONDS:-30}
-rm -rf "$build/corpus-mapping"
-mkdir -p "$build/corpus-mapping"
-cp "$here"/corpus-mapping/* "$build/corpus-mapping/"
-echo "fuzzing mappings for $mseconds s (corpus: $build/corpus-mapping)"
-# shellcheck disable=SC2086
-"$build/fuzz_mapping" -max_total_time="$mseconds" -timeout=10 -print_final_stats=1 \
-	-artifact_prefix="$build/artifacts/mapping-" ${FUZZ_ARGS:-} "$build/corpus-mapping" ||
-	status=$?
-echo "mapping corpus: $(ls "$build/corpus-mapping" | wc -l) inputs"
-replay=$(find "$here/corpus-mapping" -type f ! -name '.*' | sort)
-echo "replaying $(echo "$replay" | wc -l) committed mapping inputs"
-# shellcheck disable=SC2086
-"$build/fuzz_mapping" -timeout=10 $replay || status=$?
+fuzz_corpus fuzz_mapping "${MAPPING_SECONDS:-30}" corpus-mapping mapping-
+
+# The Redis reply decoders (any bytes as a server's replies), on their
+# sources and hiredis; skipped without hiredis, as the library is.
+if pkg-config --exists hiredis; then
+	echo "building $build/fuzz_redis with $CC"
+	# shellcheck disable=SC2086
+	$CC $cflags -I"$top/src/redis" $(pkg-config --cflags hiredis) -o "$build/fuzz_redis" \
+		"$here/fuzz_redis.c" "$top"/src/redis/codec.c "$top"/src/redis/slots.c \
+		"$top"/src/redis/sentinel.c "$top"/src/redis/sigpipe.c "$top"/src/core/*.c \
+		$(pkg-config --libs hiredis) -lm -lpthread
+	fuzz_corpus fuzz_redis "${REDIS_SECONDS:-30}" corpus-redis redis-
+elif [ -n "${TOKENBUCKET_NO_SKIP:-}" ]; then
+	echo "FAILED: no hiredis for the Redis reply fuzzer" >&2
+	status=1
+fi
 
 if [ "$status" -ne 0 ]; then
 	echo "FAILED: a crash or a divergence; see above and $build/artifacts" >&2

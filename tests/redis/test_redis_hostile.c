@@ -18,6 +18,7 @@
 #include <tokenbucket-redis.h>
 
 #include "fake.h"
+#include "loops.h"
 
 /*
  * The fake: script calls answered with reply (or by answer), ROLE and
@@ -33,9 +34,9 @@ struct fake {
 	/* Without answer: this reply to every script call. */
 	const char *reply;
 	size_t reply_len;
-	/* The reply to ROLE and to SENTINEL get-master-addr-by-name, NULL: an error. */
-	const char *role, *sentinel;
-	size_t role_len, sentinel_len;
+	/* The reply to ROLE, SENTINEL get-master-addr-by-name and CLUSTER SLOTS, NULL: an error. */
+	const char *role, *sentinel, *slots;
+	size_t role_len, sentinel_len, slots_len;
 };
 
 #define BYTES(s) s, sizeof(s) - 1
@@ -60,6 +61,8 @@ static size_t reply_to(struct fake_server *srv, redisReply *cmd, char *out, size
 		return copy(out, size, f->role, f->role_len);
 	if (strcasecmp(name, "SENTINEL") == 0 && f->sentinel != NULL)
 		return copy(out, size, f->sentinel, f->sentinel_len);
+	if (strcasecmp(name, "CLUSTER") == 0 && f->slots != NULL)
+		return copy(out, size, f->slots, f->slots_len);
 	return (size_t)snprintf(out, size, "-ERR unknown command '%s'\r\n", name);
 }
 
@@ -102,11 +105,85 @@ static struct tokenbucket_redis *fake_client(const struct fake *f, bool pipeline
 
 static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 1000000000, .burst = 10 };
 
+/* ---- The asynchronous client (libevent) ------------------------------- */
+
+struct async_done {
+	bool done;
+	int err;
+	struct tokenbucket_result res;
+};
+
+static void on_done(void *arg, int err, const struct tokenbucket_result *res,
+		    const struct tokenbucket_reservation *rv, double tokens)
+{
+	struct async_done *d = arg;
+	(void)rv;
+	(void)tokens;
+	d->done = true;
+	d->err = err;
+	if (res != NULL)
+		d->res = *res;
+}
+
+/*
+ * An allow on r's asynchronous client, run on a libevent loop until it
+ * completes: its error, and in *ns how long it took.
+ */
+static int async_allow(struct tokenbucket_redis *r, int64_t *ns, struct tokenbucket_result *res)
+{
+	loop_kind_libevent();
+	loop_init();
+	struct tokenbucket_redis_async *a = async_open(r);
+	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = "k", .keylen = 1,
+					       .limit = lim, .n = 1 };
+	struct async_done d = { 0 };
+	int64_t t0 = tokenbucket_now();
+	ck_assert_int_eq(tokenbucket_redis_async_start(a, &call, on_done, &d), 0);
+	/* Well past any deadline here: a call that outlives its own fails below. */
+	while (!d.done && tokenbucket_now() - t0 < INT64_C(10000000000))
+		loop_wait(INT64_C(50000000));
+	if (ns != NULL)
+		*ns = tokenbucket_now() - t0;
+	ck_assert_msg(d.done, "the asynchronous call outlived 10 s");
+	tokenbucket_redis_async_close(a);
+	loop_fini();
+	if (res != NULL)
+		*res = d.res;
+	return d.err;
+}
+
 /* The script's replies: refused (0 left, next token in 1 s) and allowed (5 left). */
 static const char refused[] = "*7\r\n:0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n0\r\n$1\r\n1\r\n"
 			      "$10\r\n1000000000\r\n$11\r\n10000000000\r\n";
 static const char allowed[] = "*7\r\n:1\r\n$1\r\n0\r\n$1\r\n5\r\n$1\r\n0\r\n$1\r\n1\r\n"
 			      "$1\r\n0\r\n$10\r\n5000000000\r\n";
+
+/* An allow on f's server (its url), blocking, pipelined and asynchronous: each must give err. */
+static void allow_everywhere_fails(const char *url, bool cluster, int err)
+{
+	int got[3];
+	for (int path = 0; path < 3; path++) {
+		struct tokenbucket_redis *r;
+		if (cluster) {
+			const char *seeds[] = { url };
+			ck_assert_int_eq(tokenbucket_redis_open_cluster(&r, seeds, 1, INT64_C(1000000000),
+									INT64_C(1000000000)),
+					 0);
+		} else {
+			ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000),
+								INT64_C(1000000000)),
+					 0);
+		}
+		if (path == 1)
+			ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+		struct tokenbucket_result res;
+		got[path] = path == 2 ? async_allow(r, NULL, &res)
+				      : tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
+		tokenbucket_redis_close(r);
+	}
+	ck_assert_msg(got[0] == err && got[1] == err && got[2] == err,
+		      "blocking %d, pipelined %d, asynchronous %d, not %d", got[0], got[1], got[2], err);
+}
 
 /* ---- A stale reply is never the next call's answer ----------------------- */
 
@@ -186,12 +263,9 @@ static void allow_refused_as_garbage(const char *reply, size_t len)
 {
 	struct fake f;
 	fake_replying(&f, reply, len);
-	for (int pipelined = 0; pipelined < 2; pipelined++) {
-		struct tokenbucket_redis *r = fake_client(&f, pipelined);
-		struct tokenbucket_result res;
-		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), -EPROTO);
-		tokenbucket_redis_close(r);
-	}
+	char url[64];
+	snprintf(url, sizeof(url), "redis://127.0.0.1:%d", f.port);
+	allow_everywhere_fails(url, false, -EPROTO);
 	fake_stop(&f);
 	/* tokenbucket_redis_parse decodes it alike. */
 	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = "k", .keylen = 1,
@@ -218,14 +292,27 @@ START_TEST(test_level_above_burst)
 }
 END_TEST
 
-/* A Sentinel client of the fake as sentinel and server: the call's error. */
-static int sentinel_allow(struct fake *f, bool pipelined)
+/*
+ * A Sentinel client of the fake as sentinel and server: the call's error
+ * on path 0 (blocking), 1 (pipelined) or 2 (asynchronous).
+ */
+static int sentinel_allow(struct fake *f, int path)
 {
-	struct tokenbucket_redis *r = client_of(f, pipelined, true);
+	struct tokenbucket_redis *r = client_of(f, path == 1, true);
 	struct tokenbucket_result res;
-	int err = tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
+	int err = path == 2 ? async_allow(r, NULL, &res) : tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
 	tokenbucket_redis_close(r);
 	return err;
+}
+
+/* The same error on every path. */
+static void sentinel_fails(struct fake *f, int err)
+{
+	int got[3];
+	for (int path = 0; path < 3; path++)
+		got[path] = sentinel_allow(f, path);
+	ck_assert_msg(got[0] == err && got[1] == err && got[2] == err,
+		      "blocking %d, pipelined %d, asynchronous %d, not %d", got[0], got[1], got[2], err);
 }
 
 /*
@@ -260,8 +347,7 @@ START_TEST(test_sentinel_host_with_nul)
 	/* Reached at 127.0.0.1, the fake would answer as a primary. */
 	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1\0evil"), BYTES(master));
 	fake_run_start(&f);
-	ck_assert_int_eq(sentinel_allow(&f, false), -EPROTO);
-	ck_assert_int_eq(sentinel_allow(&f, true), -EPROTO);
+	sentinel_fails(&f, -EPROTO);
 	ck_assert_int_eq(atomic_load(&f.calls), 0);
 	fake_stop(&f);
 }
@@ -276,8 +362,8 @@ START_TEST(test_sentinel_greets_with_two_replies)
 	f.srv.greeting = "-ERR hello\r\n:1\r\n";
 	f.srv.greeting_len = strlen(f.srv.greeting);
 	fake_run_start(&f);
-	ck_assert_int_lt(sentinel_allow(&f, true), 0);
-	ck_assert_int_lt(sentinel_allow(&f, false), 0);
+	/* An error from a sentinel names no primary, whatever follows it. */
+	sentinel_fails(&f, -EHOSTUNREACH);
 	fake_stop(&f);
 }
 END_TEST
@@ -289,8 +375,7 @@ START_TEST(test_sentinel_host_too_long)
 	memset(host, 'a', sizeof(host));
 	sentinel_fake(&f, sentinel, sizeof(sentinel), host, sizeof(host), BYTES(master));
 	fake_run_start(&f);
-	ck_assert_int_eq(sentinel_allow(&f, false), -EPROTO);
-	ck_assert_int_eq(sentinel_allow(&f, true), -EPROTO);
+	sentinel_fails(&f, -EPROTO);
 	fake_stop(&f);
 }
 END_TEST
@@ -302,13 +387,14 @@ START_TEST(test_role_with_nul)
 	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"),
 		      BYTES("*3\r\n$8\r\nmaster\0x\r\n:0\r\n*0\r\n"));
 	fake_run_start(&f);
-	ck_assert_int_eq(sentinel_allow(&f, false), -EROFS);
+	sentinel_fails(&f, -EROFS);
 	ck_assert_int_eq(atomic_load(&f.calls), 0);
 	/* The same server as a primary answers. */
 	fake_stop(&f);
 	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"), BYTES(master));
 	fake_run_start(&f);
-	ck_assert_int_eq(sentinel_allow(&f, false), 0);
+	ck_assert_int_eq(sentinel_allow(&f, 0), 0);
+	ck_assert_int_eq(sentinel_allow(&f, 2), 0);
 	fake_stop(&f);
 }
 END_TEST
@@ -395,6 +481,73 @@ START_TEST(test_trickled_sentinel)
 }
 END_TEST
 
+/* ---- One errno per fault ------------------------------------------------ */
+
+/*
+ * A cluster node that owns every slot and sends every call to a port
+ * where nothing listens: the node named cannot be reached, on every path.
+ */
+START_TEST(test_moved_to_unreachable)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = "-MOVED 12539 127.0.0.1:1\r\n";
+	f.reply_len = strlen(f.reply);
+	char slots[128], url[64];
+	f.slots = slots;
+	f.slots_len = (size_t)snprintf(slots, sizeof(slots),
+				       "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n", f.port);
+	fake_run_start(&f);
+	snprintf(url, sizeof(url), "redis://127.0.0.1:%d", f.port);
+	allow_everywhere_fails(url, true, -ECONNREFUSED);
+	fake_stop(&f);
+}
+END_TEST
+
+/* ---- No reply longer than any a call can have ----------------------- */
+
+/*
+ * Counts and lengths hiredis 0.14 would allocate for before any element
+ * came (16 GiB for 2^31 - 1 elements) or wait for: the connection closes
+ * at once.
+ */
+START_TEST(test_huge_multibulk)
+{
+	allow_refused_as_garbage(BYTES("*2147483647\r\n"));
+	allow_refused_as_garbage(BYTES("*7\r\n:1\r\n*2147483647\r\n"));
+}
+END_TEST
+
+START_TEST(test_huge_bulk)
+{
+	allow_refused_as_garbage(BYTES("$2147483647\r\n"));
+	allow_refused_as_garbage(BYTES("*7\r\n:1\r\n$2147483647\r\n"));
+}
+END_TEST
+
+/* ---- The asynchronous client's one deadline --------------------------- */
+
+START_TEST(test_trickled_async)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.reply = refused;
+	f.reply_len = sizeof(refused) - 1;
+	f.srv.trickle_ns = 150 * 1000000;
+	fake_run_start(&f);
+	char url[64];
+	snprintf(url, sizeof(url), "redis://127.0.0.1:%d", f.port);
+	struct tokenbucket_redis *r;
+	ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000), 200 * 1000000), 0);
+	int64_t ns;
+	ck_assert_int_eq(async_allow(r, &ns, NULL), -ETIME);
+	/* The 200 ms timeout and a margin for a loaded machine; the reply takes seconds. */
+	ck_assert_int_lt(ns, 3 * INT64_C(200000000) * multiplier());
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
+}
+END_TEST
+
 Suite *hostile_suite(void);
 Suite *hostile_suite(void)
 {
@@ -413,6 +566,10 @@ Suite *hostile_suite(void)
 	tcase_add_test(tc, test_grant_never);
 	tcase_add_test(tc, test_trickled_reply);
 	tcase_add_test(tc, test_trickled_sentinel);
+	tcase_add_test(tc, test_moved_to_unreachable);
+	tcase_add_test(tc, test_huge_multibulk);
+	tcase_add_test(tc, test_huge_bulk);
+	tcase_add_test(tc, test_trickled_async);
 	suite_add_tcase(s, tc);
 	return s;
 }
