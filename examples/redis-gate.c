@@ -65,6 +65,11 @@ static void answered(void *arg, int err, const struct tokenbucket_result *res,
 	conn_release(c);
 }
 
+/*
+ * Every line starts a call.  Nothing to flush: the calls started in this
+ * turn of the loop, from every connection's lines, go to Redis together
+ * on the next.
+ */
 static void on_read(struct bufferevent *bev, void *arg)
 {
 	struct conn *c = arg;

@@ -11,6 +11,10 @@
  *	event_base_dispatch(base);
  *	tokenbucket_redis_async_close(a);
  *
+ * Calls started between two turns of the loop (from a bufferevent's read
+ * callback, a timer, anywhere) are batched: the connection's write event
+ * is added once, and they go out together on the next turn.
+ *
  * Everything runs on the base's thread.  The base must outlive the client.
  */
 #ifndef TOKENBUCKET_REDIS_LIBEVENT_H

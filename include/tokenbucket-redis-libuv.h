@@ -11,6 +11,10 @@
  *	uv_run(uv_default_loop(), UV_RUN_DEFAULT);
  *	tokenbucket_redis_async_close(a);
  *
+ * Calls started between two turns of the loop (from a uv_read_cb, a timer,
+ * anywhere) are batched: the connection's poll handle is asked for
+ * UV_WRITABLE once, and they go out together on the next turn.
+ *
  * Everything runs on the loop's thread.  The loop must outlive the client;
  * after tokenbucket_redis_async_close its handles close on the loop's next
  * turn (uv_close), so run the loop once more before uv_loop_close.

@@ -484,7 +484,10 @@ struct tokenbucket_redis_async;
  * c-ares do.  The library calls these from within its own functions only:
  *  - watch: from now on, tell tokenbucket_redis_async_ready when fd is ready
  *    for events (TOKENBUCKET_REDIS_READ | _WRITE); 0: stop watching fd (it
- *    may be closed right after).
+ *    may be closed right after).  _WRITE is asked for when calls wait to
+ *    be written, and dropped once they are: a level-triggered loop
+ *    (poll, epoll, libevent, libuv) reports it on its next turn, which is
+ *    when the calls started since go out together.
  *  - timer: call tokenbucket_redis_async_timeout once, ns nanoseconds from
  *    now (0: as soon as the loop can, never from within this call); a
  *    negative ns disarms it.  Each call replaces the previous timer.
@@ -538,9 +541,16 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
  * of one key in flight together share one and are decided in the order
  * started; a connection that times out or fails takes every call on it
  * with it, as the blocking call's connection would.  A CANCEL of a
- * reservation the fallback made goes to tokenbucket_redis_cancel instead.  0, or before
- * anything starts (done is then not called): -EINVAL (a NULL pointer, a
- * bad call), -ERANGE, -ENOMEM.
+ * reservation the fallback made goes to tokenbucket_redis_cancel instead.
+ * Nothing is written from here: the calls started before the loop's next
+ * turn (from the program's own events, a timer, a loop over requests)
+ * are batched and go out together when the loop reports the connection
+ * writable, as hiredis's asynchronous commands do; the ones started from
+ * a callback go out before the library returns to the loop.  No flush or
+ * cork is needed, and a start costs the same, and asks nothing of the
+ * loop after the first, whatever is in flight.  0, or before anything
+ * starts (done is then not called): -EINVAL (a NULL pointer, a bad call),
+ * -ERANGE, -ENOMEM.
  */
 TOKENBUCKET_API int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 						  const struct tokenbucket_redis_call *call,
@@ -564,7 +574,8 @@ typedef void tokenbucket_redis_set_done_fn(void *arg, int err,
  * decision of the local fallback (res->flags TOKENBUCKET_RESULT_LOCAL).  It
  * goes as single calls do (module, function library or script, as a's
  * connection found; on a cluster to the key's slot, MOVED, ASK,
- * CLUSTERDOWN and TRYAGAIN followed), pipelined with them.  0, or before
+ * CLUSTERDOWN and TRYAGAIN followed), pipelined and batched with them
+ * (tokenbucket_redis_async_start).  0, or before
  * anything starts (done is then not called): -EINVAL (a, limits or done
  * NULL, key NULL with keylen > 0, count 0 or above TOKENBUCKET_SET_MAX, a
  * bad rate), -ERANGE (a burst above TOKENBUCKET_BURST_MAX), -ECANCELED (a

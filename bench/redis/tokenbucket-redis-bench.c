@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe|async|async2|piped]
+ * usage: tokenbucket-redis-bench URL INFLIGHT KEYS SECONDS [pipe|trivial|async|async2|piped]
  *
  * Allow calls on one hot key (KEYS 1) or on random keys out of KEYS, with
  * INFLIGHT of them outstanding, for SECONDS.  By default INFLIGHT threads
@@ -8,7 +8,8 @@
  * tokenbucket_redis_allow; with "pipe" one thread keeps INFLIGHT calls
  * outstanding on one TCP connection (URL redis://HOST:PORT) through
  * tokenbucket_redis_format and tokenbucket_redis_parse, as an event loop
- * would; with "async" one thread keeps INFLIGHT calls outstanding through
+ * would, and "trivial" the same with EVALSHA of "return 1" (loaded
+ * beforehand) instead of our calls; with "async" one thread keeps INFLIGHT calls outstanding through
  * the asynchronous client on a libevent loop, "async2" the same with
  * tokenbucket_redis_async_allow_all on two limits (the one below and a
  * quota of 10^6 an hour); with "piped" the threads
@@ -17,7 +18,9 @@
  * =module in the environment forces the script or the native module
  * (tokenbucket_redis_set_module); unset or empty, the client detects it.
  * TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K sets the connections per server of
- * the async and piped modes (tokenbucket_redis_set_connections).  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
+ * the async and piped modes (tokenbucket_redis_set_connections).
+ * TOKENBUCKET_REDIS_BENCH_TIMEOUT_MS=T sets the command timeout (default
+ * 1000): 10^4 calls in flight queue for longer than 1 s on a busy server.  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
  * client from those seeds instead (threads only).  Prints "decisions/s
  * p50_us p99_us errors".
  */
@@ -90,8 +93,28 @@ static int cmp64(const void *a, const void *b)
 	return (x > y) - (x < y);
 }
 
-/* One connection, inflight calls outstanding; fills w as the threads do. */
-static int pipelined(const char *url, int inflight, struct worker *w)
+/* EVALSHA of "return 1" (bench/redis/run loads it): the trivial script, the floor of a script call. */
+static const char trivial_cmd[] =
+	"*3\r\n$7\r\nEVALSHA\r\n$40\r\ne0e1f9fabfc9d4800c877a703b823ac0578ff8db\r\n$1\r\n0\r\n";
+
+/*
+ * The trivial script's reply at the start of in (have bytes): its length
+ * and err 0 for ":1", -EPROTO for anything else; -EAGAIN while incomplete.
+ */
+static int trivial_parse(const char *in, size_t have, size_t *used)
+{
+	const char *end = memchr(in, '\n', have);
+	if (end == NULL)
+		return -EAGAIN;
+	*used = (size_t)(end - in) + 1;
+	return *used == 4 && memcmp(in, ":1\r\n", 4) == 0 ? 0 : -EPROTO;
+}
+
+/*
+ * One connection, inflight calls outstanding; fills w as the threads do.
+ * trivial: the trivial script instead of our calls, pipelined alike.
+ */
+static int pipelined(const char *url, int inflight, bool trivial, struct worker *w)
 {
 	char host[64];
 	int port;
@@ -109,7 +132,7 @@ static int pipelined(const char *url, int inflight, struct worker *w)
 	size_t cap = 1 << 20, have = 0, head = 0, out = 0;
 	char *in = malloc(cap), key[32];
 	/* Load the script once, as a client does on its first NOSCRIPT. */
-	call.flags = TOKENBUCKET_REDIS_EVAL;
+	call.flags = trivial ? 0 : TOKENBUCKET_REDIS_EVAL;
 	for (;;) {
 		bool more = tokenbucket_now() < w->until;
 		char *batch = NULL;
@@ -119,12 +142,12 @@ static int pipelined(const char *url, int inflight, struct worker *w)
 					   (unsigned long long)next_key(&w->seed, w->keys));
 			call.key = key;
 			call.keylen = (size_t)len;
-			char *cmd;
-			size_t clen;
-			if (tokenbucket_redis_format(&call, &cmd, &clen) != 0)
+			char *cmd = NULL;
+			size_t clen = sizeof(trivial_cmd) - 1;
+			if (!trivial && tokenbucket_redis_format(&call, &cmd, &clen) != 0)
 				return -1;
 			batch = realloc(batch, blen + clen);
-			memcpy(batch + blen, cmd, clen);
+			memcpy(batch + blen, trivial ? trivial_cmd : cmd, clen);
 			blen += clen;
 			free(cmd);
 			sent[(head + out++) % (size_t)inflight] = tokenbucket_now();
@@ -145,7 +168,8 @@ static int pipelined(const char *url, int inflight, struct worker *w)
 		for (;;) {
 			size_t used;
 			struct tokenbucket_result res;
-			int err = tokenbucket_redis_parse(&call, in, have, &used, &res, NULL, NULL);
+			int err = trivial ? trivial_parse(in, have, &used)
+					  : tokenbucket_redis_parse(&call, in, have, &used, &res, NULL, NULL);
 			if (err == -EAGAIN)
 				break;
 			int64_t lat = tokenbucket_now() - sent[head];
@@ -252,8 +276,9 @@ int main(int argc, char **argv)
 		argc = 5; /* the threads' run, pipelined */
 	bool two = argc == 6 && strcmp(argv[5], "async2") == 0;
 	if (argc != 5 && !(argc == 6 && (strcmp(argv[5], "pipe") == 0 || strcmp(argv[5], "async") == 0 ||
-					 two))) {
-		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe|async|async2|piped]\n", argv[0]);
+					 strcmp(argv[5], "trivial") == 0 || two))) {
+		fprintf(stderr, "usage: %s URL INFLIGHT KEYS SECONDS [pipe|trivial|async|async2|piped]\n",
+			argv[0]);
 		return 2;
 	}
 	int inflight = atoi(argv[2]);
@@ -262,6 +287,10 @@ int main(int argc, char **argv)
 	if (inflight < 1 || keys < 1 || seconds <= 0)
 		return 2;
 	struct tokenbucket_redis *r;
+	const char *timeout_ms = getenv("TOKENBUCKET_REDIS_BENCH_TIMEOUT_MS");
+	int64_t command_timeout = timeout_ms != NULL ? atoll(timeout_ms) * 1000000 : 1000000000;
+	if (command_timeout <= 0)
+		return 2;
 	if (strncmp(argv[1], "cluster:", 8) == 0) {
 		char *list = strdup(argv[1] + 8), *save = NULL;
 		const char *seeds[16];
@@ -273,7 +302,7 @@ int main(int argc, char **argv)
 		free(list);
 		if (err != 0)
 			return 1;
-	} else if (tokenbucket_redis_open(&r, argv[1], 1000000000, 1000000000) != 0) {
+	} else if (tokenbucket_redis_open(&r, argv[1], 1000000000, command_timeout) != 0) {
 		return 1;
 	}
 	/* TOKENBUCKET_REDIS_BENCH_MODULE=script|module forces one server side (tokenbucket_redis_set_module). */
@@ -295,8 +324,9 @@ int main(int argc, char **argv)
 		/* One worker record holds the pipelined run's counts and samples. */
 		w[0] = (struct worker){ .keys = keys, .seed = 1, .until = start + (int64_t)(seconds * 1e9),
 					.samples = malloc(SAMPLES * sizeof(int64_t)) };
-		int err = strcmp(argv[5], "pipe") == 0 ? pipelined(argv[1], inflight, &w[0])
-						       : async_loop(r, inflight, two, &w[0]);
+		int err = strcmp(argv[5], "async") == 0 || two
+				  ? async_loop(r, inflight, two, &w[0])
+				  : pipelined(argv[1], inflight, strcmp(argv[5], "trivial") == 0, &w[0]);
 		if (err != 0) {
 			fprintf(stderr, "pipelined run failed\n");
 			return 1;

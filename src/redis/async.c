@@ -185,10 +185,12 @@ struct tokenbucket_redis_async {
 	int64_t spare_after;           /* no spare connection is opened before (one failed) */
 	struct op *head, *tail;
 	struct op *whead, *wtail; /* the ops not sent: only these are scanned */
+	struct op *wback;         /* the op last sent back to them, while it waits (wait_link) */
 	size_t nwaiting;       /* ops not sent (conn NULL) */
 	uint64_t seq;          /* the next op's */
 	int64_t wait_at;       /* the earliest pause (INT64_MIN: a failure) of the ops not sent, as last scanned */
-	int64_t timer_ns;      /* the timer as last armed (-1: disarmed) */
+	int64_t pause_at;      /* the earliest pause of the ops not sent, failed or not, as last scanned */
+	int64_t timer_at;      /* when the timer was last armed to fire (INT64_MAX: disarmed) */
 	bool refreshing;       /* a CLUSTER SLOTS is on its way */
 	int64_t refreshed_at;
 	int depth;
@@ -220,14 +222,26 @@ struct tokenbucket_redis_async {
 
 /*
  * o joins the ops not sent, in start order: a new op at once at the
- * tail, one sent back (a redirection, a refused node) after the younger
- * ones that wait, so that one key's calls still go in the order started.
+ * tail, one sent back (a redirection, a refused node, READONLY after a
+ * failover) before the younger ones that wait, so that one key's calls
+ * still go in the order started.  The ops of a connection come back in
+ * the order they were sent, so one sent back goes right after the one
+ * sent back before it (a->wback): a failover that sends back every call
+ * in flight costs one step a call, not the calls started meanwhile.
  */
 static void wait_link(struct tokenbucket_redis_async *a, struct op *o)
 {
 	struct op *p = a->wtail;
-	while (p != NULL && p->seq > o->seq)
-		p = p->wprev;
+	if (p != NULL && p->seq > o->seq && a->wback != NULL && a->wback->seq < o->seq) {
+		p = a->wback;
+		while (p->wnext != NULL && p->wnext->seq < o->seq)
+			p = p->wnext;
+	} else {
+		while (p != NULL && p->seq > o->seq)
+			p = p->wprev;
+	}
+	if (p != a->wtail || o->seq + 1 != a->seq) /* sent back, not new */
+		a->wback = o;
 	o->wprev = p;
 	o->wnext = p != NULL ? p->wnext : a->whead;
 	if (o->wnext != NULL)
@@ -243,6 +257,8 @@ static void wait_link(struct tokenbucket_redis_async *a, struct op *o)
 
 static void wait_unlink(struct tokenbucket_redis_async *a, struct op *o)
 {
+	if (a->wback == o)
+		a->wback = NULL;
 	if (o->wprev != NULL)
 		o->wprev->wnext = o->wnext;
 	else
@@ -402,14 +418,16 @@ static void conn_flush(struct conn *c)
  */
 static void arm_from(struct tokenbucket_redis_async *a, const struct op *from)
 {
-	int64_t at = from == a->whead ? INT64_MAX : a->wait_at;
-	for (const struct op *o = from; o != NULL && at != INT64_MIN; o = o->wnext) {
-		if (o->err != 0)
-			at = INT64_MIN;
-		else if (o->pause_until != 0 && o->pause_until < at)
-			at = o->pause_until;
+	bool whole = from == a->whead;
+	bool failed = !whole && a->wait_at == INT64_MIN;
+	int64_t pause = whole ? INT64_MAX : a->pause_at;
+	for (const struct op *o = from; o != NULL; o = o->wnext) {
+		failed = failed || o->err != 0;
+		if (o->pause_until != 0 && o->pause_until < pause)
+			pause = o->pause_until;
 	}
-	a->wait_at = at;
+	a->pause_at = pause;
+	int64_t at = a->wait_at = failed ? INT64_MIN : pause;
 	if (a->head != NULL && a->head->deadline < at)
 		at = a->head->deadline;
 	if (a->in_round && a->ask_deadline < at)
@@ -418,14 +436,20 @@ static void arm_from(struct tokenbucket_redis_async *a, const struct op *from)
 		at = a->ask_after;
 	for (const struct tbr__async_hook *h = a->hooks; h != NULL; h = h->next)
 		at = h->due < at ? h->due : at;
+	/*
+	 * Unchanged (a start adds a later deadline than the head's): the
+	 * loop is not told again, so starts between two turns of the loop
+	 * cost it nothing.
+	 */
+	if (at == a->timer_at)
+		return;
 	int64_t ns = -1;
 	if (at != INT64_MAX) {
 		int64_t now = tokenbucket_now();
 		ns = at <= now ? 0 : at - now;
 	}
-	if (ns >= 0 || a->timer_ns >= 0)
-		a->loop.timer(a->loop.data, ns);
-	a->timer_ns = ns;
+	a->loop.timer(a->loop.data, ns);
+	a->timer_at = at;
 }
 
 static void arm(struct tokenbucket_redis_async *a)
@@ -1136,9 +1160,16 @@ static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
 		if (++a->ask_tried == n) {
 			/* A sentinel that answered without a primary says more than ones that did not answer. */
 			int err = a->ask_named_none ? -EHOSTUNREACH : a->ask_last;
+			/*
+			 * Every op that waits fails: a pass over them, once a
+			 * round, as each must be told.  Set from a start (every
+			 * sentinel refused at once), the timer fires now for them.
+			 */
 			for (struct op *o = !a->checking ? a->whead : NULL; o != NULL; o = o->wnext)
 				if (o->err == 0)
 					o->err = err;
+			if (!a->checking && a->whead != NULL)
+				a->wait_at = INT64_MIN;
 			a->in_round = false; /* a check that failed leaves the connection alone */
 			return;
 		}
@@ -1170,13 +1201,15 @@ static void sentinel_step(struct tokenbucket_redis_async *a, int64_t now)
  * memory, a connection refused on a one-server client) gets its error,
  * completed by settle().  A start outside the library's frames passes
  * its new op alone: the ops before it were tried by the last settle(),
- * and what lets them go (a connection ready, a map, an answer) comes
- * within frames, a pause's end from the timer.  Not for a Sentinel
- * client, whose scan also finds whether ops wait for an address.
+ * and what lets them go (a connection ready, a map, an answer, a
+ * sentinel's address) comes within frames, a pause's end from the timer.
+ * On a Sentinel client the whole scan also finds whether any op still
+ * waits for an address; the new op alone can only add that it does.
  */
 static void send_waiting(struct tokenbucket_redis_async *a, struct op *from)
 {
 	int64_t now = tokenbucket_now();
+	bool whole = from == a->whead;
 	bool need = false;
 	if (a->sentinel != NULL)
 		sentinel_step(a, now);
@@ -1184,6 +1217,8 @@ static void send_waiting(struct tokenbucket_redis_async *a, struct op *from)
 		next = o->wnext; /* o leaves the list when sent */
 		if (o->err != 0 || o->pause_until > now)
 			continue;
+		/* Its pause is over: it waits for its connection only (no timer, no scan at a start). */
+		o->pause_until = 0;
 		struct conn *c = conn_of(a, o, target(a, o));
 		if (c == NULL) {
 			o->err = -ENOMEM;
@@ -1214,15 +1249,18 @@ static void send_waiting(struct tokenbucket_redis_async *a, struct op *from)
 			o->err = -ENOMEM;
 			continue;
 		}
-		o->pause_until = 0;
 		o->to = NULL;
 		send_op(o, c);
 	}
 	if (a->sentinel != NULL) {
-		/* An address nobody took may be stale by the next connection. */
-		free(a->primary_host);
-		a->primary_host = NULL;
-		a->need_primary = need;
+		if (whole) {
+			/* An address nobody took may be stale by the next connection. */
+			free(a->primary_host);
+			a->primary_host = NULL;
+			a->need_primary = need;
+		} else {
+			a->need_primary = a->need_primary || need;
+		}
 		sentinel_step(a, now);
 	}
 	refresh(a, now);
@@ -1292,8 +1330,8 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 	a->fallback = cfg->fallback;
 	a->module = cfg->module;
 	a->connections = cfg->connections;
-	a->timer_ns = -1;
-	a->wait_at = INT64_MAX;
+	a->timer_at = INT64_MAX;
+	a->wait_at = a->pause_at = INT64_MAX;
 	a->refreshed_at = INT64_MIN / 2;
 	a->sentinel = cfg->cluster == NULL ? cfg->node->sentinel : NULL;
 	a->asker.a = a;
@@ -1318,7 +1356,7 @@ static void close_now(struct tokenbucket_redis_async *a)
 	while (a->head != NULL)
 		complete(a->head, -ECANCELED, NULL, NULL, 0);
 	a->depth--;
-	if (a->timer_ns >= 0)
+	if (a->timer_at != INT64_MAX)
 		a->loop.timer(a->loop.data, -1);
 	if (a->loop.free != NULL)
 		a->loop.free(a->loop.data);
@@ -1431,7 +1469,7 @@ static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_red
 	 * calls keep their order.  Errors are completed from the timer,
 	 * never from here.
 	 */
-	bool all = a->sentinel != NULL || (a->whead != o && a->wait_at <= tokenbucket_now());
+	bool all = a->whead != o && a->pause_at <= tokenbucket_now();
 	send_waiting(a, all ? a->whead : o);
 	sync_all(a);
 	if (all)
@@ -1568,7 +1606,7 @@ void tokenbucket_redis_async_timeout(struct tokenbucket_redis_async *a)
 	if (a == NULL)
 		return;
 	a->depth++;
-	a->timer_ns = -1;
+	a->timer_at = INT64_MAX; /* fired */
 	int64_t now = tokenbucket_now();
 	if (a->in_round && !a->ask_got && a->asker.ac != NULL && now >= a->ask_deadline) {
 		/* The sentinel asked did not answer in time: the next one is asked. */
