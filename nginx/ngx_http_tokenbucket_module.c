@@ -180,6 +180,7 @@ typedef struct {
 	unsigned replied:1;   /* reply holds the answer for limit next */
 	unsigned deciding:1;  /* not yet decided: the handler resumes at next */
 	unsigned have_best:1;
+	unsigned plain_refused:1; /* unreported's plain decision refused: not asked again */
 	ngx_uint_t lazy;      /* 1 + the limit granted without a report, or 0 */
 	ngx_uint_t next;
 	int64_t now;          /* tokenbucket_now() when the request came */
@@ -1855,9 +1856,12 @@ static ngx_inline ngx_uint_t ngx_http_tokenbucket_unreported(ngx_http_tokenbucke
 	ngx_str_t *k = &ctx->keys[i];
 
 	if (tcf->headers || ngx_http_tokenbucket_vars_indexed || z->nseeds > 0 || z->nrates != 1 ||
-	    ctx->have_best ||
-	    !tokenbucket_table_allow_at(z->table[0], ctx->now, k->data, k->len, ctx->costs[i]))
+	    ctx->have_best || ctx->plain_refused)
 		return 0;
+	if (!tokenbucket_table_allow_at(z->table[0], ctx->now, k->data, k->len, ctx->costs[i])) {
+		ctx->plain_refused = 1;
+		return 0;
+	}
 	ctx->lazy = i + 1;
 	return 1;
 }
