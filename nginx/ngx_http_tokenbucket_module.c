@@ -157,6 +157,18 @@ typedef struct {
 typedef struct ngx_http_tokenbucket_pending_s ngx_http_tokenbucket_pending_t;
 
 /*
+ * A Redis zone's reply to a request, and the event that resumes it: made
+ * with the request's first call, so that a decision made at once (a local
+ * zone's) allocates and clears none of it.
+ */
+typedef struct {
+	int err;
+	struct tokenbucket_result res;
+	struct tokenbucket_reservation rv;
+	ngx_event_t resume;   /* posted by the reply's callback */
+} ngx_http_tokenbucket_reply_t;
+
+/*
  * One request's decision; found again after an internal redirect.  While a
  * Redis zone decides, it also holds where the request stands: the limit
  * asked (next), what each earlier limit took, and the reply once it came.
@@ -168,6 +180,7 @@ typedef struct {
 	unsigned replied:1;   /* reply holds the answer for limit next */
 	unsigned deciding:1;  /* not yet decided: the handler resumes at next */
 	unsigned have_best:1;
+	unsigned plain_refused:1; /* unreported's plain decision refused: not asked again */
 	ngx_uint_t lazy;      /* 1 + the limit granted without a report, or 0 */
 	ngx_uint_t next;
 	int64_t now;          /* tokenbucket_now() when the request came */
@@ -178,11 +191,8 @@ typedef struct {
 	struct tokenbucket_reservation *rv; /* NGX_HTTP_TB_RATES_MAX per limit */
 	u_char *local;        /* per limit: a Redis zone's grant made by its fallback */
 	ngx_http_tokenbucket_pending_t *pending; /* the call in flight, or NULL */
-	int reply_err;
-	int64_t reply_at;     /* tokenbucket_now() when the reply came */
-	struct tokenbucket_result reply_res;
-	struct tokenbucket_reservation reply_rv;
-	ngx_event_t resume;   /* posted by the reply's callback */
+	int64_t reply_at;     /* tokenbucket_now() when the last reply came; 0: none */
+	ngx_http_tokenbucket_reply_t *reply; /* from the first call to Redis; else NULL */
 } ngx_http_tokenbucket_ctx_t;
 
 /*
@@ -1391,8 +1401,8 @@ static void ngx_http_tokenbucket_ctx_cleanup(void *data)
 	 */
 	if (ctx->pending != NULL)
 		ctx->pending->r = NULL;
-	if (ctx->resume.posted) {
-		ngx_delete_posted_event(&ctx->resume);
+	if (ctx->reply != NULL && ctx->reply->resume.posted) {
+		ngx_delete_posted_event(&ctx->reply->resume);
 	}
 }
 
@@ -1440,38 +1450,36 @@ static ngx_int_t ngx_http_tokenbucket_seconds(int64_t ns)
 }
 
 /*
- * Decimal digits of v at p, returning their end: no ngx_sprintf format
- * parsing and no memcpy, for the few digits of each header of a request.
+ * Adds "name: value", its digits written backwards to end, where the value
+ * stays: no ngx_sprintf format parsing, no reversal, no copy.
  */
-static u_char *ngx_http_tokenbucket_digits(u_char *p, uint64_t v)
-{
-	u_char *s = p, *e, c;
-
-	do {
-		*p++ = (u_char)('0' + v % 10);
-		v /= 10;
-	} while (v != 0);
-	for (e = p; s < --p; s++) {
-		c = *s;
-		*s = *p;
-		*p = c;
-	}
-	return e;
-}
-
-/* Adds "name: value"; p has room for the digits, and the value stays there. */
 static ngx_int_t ngx_http_tokenbucket_header(ngx_http_request_t *r, ngx_str_t *name,
-					     u_char **p, uint64_t value)
+					     u_char *end, uint64_t value)
 {
 	ngx_table_elt_t *h = ngx_list_push(&r->headers_out.headers);
+	u_char *p = end;
 
 	if (h == NULL)
 		return NGX_ERROR;
+	/* Two digits a division. */
+	static const char pairs[] = "00010203040506070809101112131415161718192021222324"
+				    "25262728293031323334353637383940414243444546474849"
+				    "50515253545556575859606162636465666768697071727374"
+				    "75767778798081828384858687888990919293949596979899";
+	for (; value >= 100; value /= 100) {
+		p -= 2;
+		ngx_memcpy(p, &pairs[2 * (value % 100)], 2);
+	}
+	if (value >= 10) {
+		p -= 2;
+		ngx_memcpy(p, &pairs[2 * value], 2);
+	} else {
+		*--p = (u_char)('0' + value);
+	}
 	h->hash = 1;
 	h->key = *name;
-	h->value.data = *p;
-	*p = ngx_http_tokenbucket_digits(*p, value);
-	h->value.len = *p - h->value.data;
+	h->value.data = p;
+	h->value.len = end - p;
 	return NGX_OK;
 }
 
@@ -1484,19 +1492,21 @@ static ngx_int_t ngx_http_tokenbucket_headers(ngx_http_request_t *r,
 	static ngx_str_t retry_name = ngx_string("Retry-After");
 	ngx_int_t reset = ngx_http_tokenbucket_seconds(res->reset_after_ns);
 	ngx_int_t retry = ngx_http_tokenbucket_seconds(res->retry_after_ns);
-	/* One allocation for the four values. */
+	/* One allocation for the four values, each ending at its own slot's end. */
 	u_char *p = ngx_pnalloc(r->pool, 4 * NGX_INT64_LEN);
 
 	if (p == NULL)
 		return NGX_ERROR;
-	if (ngx_http_tokenbucket_header(r, &limit, &p, res->limit) != NGX_OK ||
-	    ngx_http_tokenbucket_header(r, &remaining, &p, res->remaining) != NGX_OK)
+	if (ngx_http_tokenbucket_header(r, &limit, p + NGX_INT64_LEN, res->limit) != NGX_OK ||
+	    ngx_http_tokenbucket_header(r, &remaining, p + 2 * NGX_INT64_LEN, res->remaining) !=
+		    NGX_OK)
 		return NGX_ERROR;
-	if (reset >= 0 &&
-	    ngx_http_tokenbucket_header(r, &reset_name, &p, (uint64_t)reset) != NGX_OK)
+	if (reset >= 0 && ngx_http_tokenbucket_header(r, &reset_name, p + 3 * NGX_INT64_LEN,
+						      (uint64_t)reset) != NGX_OK)
 		return NGX_ERROR;
 	if (!res->allowed && retry >= 0 &&
-	    ngx_http_tokenbucket_header(r, &retry_name, &p, (uint64_t)retry) != NGX_OK)
+	    ngx_http_tokenbucket_header(r, &retry_name, p + 4 * NGX_INT64_LEN, (uint64_t)retry) !=
+		    NGX_OK)
 		return NGX_ERROR;
 	return NGX_OK;
 }
@@ -1540,15 +1550,15 @@ static void ngx_http_tokenbucket_reply(void *arg, int err, const struct tokenbuc
 		ctx->pending = NULL;
 		if (!p->engine->closing) {
 			ctx->replied = 1;
-			ctx->reply_err = err;
-			ngx_memzero(&ctx->reply_res, sizeof(ctx->reply_res));
-			ngx_memzero(&ctx->reply_rv, sizeof(ctx->reply_rv));
+			ctx->reply->err = err;
+			ngx_memzero(&ctx->reply->res, sizeof(ctx->reply->res));
+			ngx_memzero(&ctx->reply->rv, sizeof(ctx->reply->rv));
 			if (res != NULL)
-				ctx->reply_res = *res;
+				ctx->reply->res = *res;
 			if (rv != NULL)
-				ctx->reply_rv = *rv;
+				ctx->reply->rv = *rv;
 			ctx->reply_at = tokenbucket_now();
-			ngx_post_event(&ctx->resume, &ngx_posted_events);
+			ngx_post_event(&ctx->reply->resume, &ngx_posted_events);
 		}
 	}
 	ngx_free(p);
@@ -1624,6 +1634,14 @@ static int ngx_http_tokenbucket_ask(ngx_http_request_t *r, ngx_http_tokenbucket_
 
 	if (e == NULL)
 		return -ENOTCONN;
+	if (ctx->reply == NULL) {
+		ctx->reply = ngx_pcalloc(r->main->pool, sizeof(*ctx->reply));
+		if (ctx->reply == NULL)
+			return -ENOMEM;
+		ctx->reply->resume.handler = ngx_http_tokenbucket_resume;
+		ctx->reply->resume.data = r;
+		ctx->reply->resume.log = r->connection->log;
+	}
 	p = ngx_alloc(sizeof(*p), r->connection->log);
 	if (p == NULL)
 		return -ENOMEM;
@@ -1824,6 +1842,31 @@ static void ngx_http_tokenbucket_give_back(ngx_http_request_t *r, ngx_http_token
 }
 
 /*
+ * The grant of a local zone's last limit (one rate, not empty, no delay)
+ * when nothing will show its report (no header, no variable, no earlier
+ * limit's): the plain decision skips building it, and a variable looked up
+ * by name later makes it (lazy).  False for a refusal or an error, which
+ * take nothing: decide then decides again with the report, at the same now.
+ */
+static ngx_inline ngx_uint_t ngx_http_tokenbucket_unreported(ngx_http_tokenbucket_conf_t *tcf,
+							     ngx_http_tokenbucket_zone_t *z,
+							     ngx_http_tokenbucket_ctx_t *ctx,
+							     ngx_uint_t i)
+{
+	ngx_str_t *k = &ctx->keys[i];
+
+	if (tcf->headers || ngx_http_tokenbucket_vars_indexed || z->nseeds > 0 || z->nrates != 1 ||
+	    ctx->have_best || ctx->plain_refused)
+		return 0;
+	if (!tokenbucket_table_allow_at(z->table[0], ctx->now, k->data, k->len, ctx->costs[i])) {
+		ctx->plain_refused = 1;
+		return 0;
+	}
+	ctx->lazy = i + 1;
+	return 1;
+}
+
+/*
  * Every limit must allow.  Each takes its tokens by reservation, the last
  * (without delay) by allow_result; on a refusal what was taken is given
  * back, so a refused request takes nothing.  A Redis zone's limit returns
@@ -1866,8 +1909,8 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 				return NGX_AGAIN;
 			}
 			ctx->replied = 0;
-			rc = ctx->reply_err;
-			res = ctx->reply_res;
+			rc = ctx->reply->err;
+			res = ctx->reply->res;
 			if (rc == -ETIMEDOUT || rc == -E2BIG || rc == -EOVERFLOW) {
 				res.allowed = false;
 				if (rc != -ETIMEDOUT)
@@ -1879,7 +1922,7 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 			if (last && !res.allowed)
 				goto refused;
 			if (!last) {
-				*ngx_http_tokenbucket_rv(ctx, i, 0) = ctx->reply_rv;
+				*ngx_http_tokenbucket_rv(ctx, i, 0) = ctx->reply->rv;
 				ctx->local[i] = (res.flags & TOKENBUCKET_RESULT_LOCAL) != 0;
 				/* A granted reservation's retry_after_ns is its delay. */
 				if (res.retry_after_ns > 0 &&
@@ -1887,17 +1930,8 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 					ctx->until = ctx->reply_at + res.retry_after_ns;
 			}
 		} else if (last) {
-			/*
-			 * Nothing will show the report: the plain decision skips
-			 * building it.  A refusal (or an error, which is also false)
-			 * is decided again below with its report, at the same now.
-			 */
-			if (!tcf->headers && !ngx_http_tokenbucket_vars_indexed && z->nrates == 1 &&
-			    !ctx->have_best &&
-			    tokenbucket_table_allow_at(z->table[0], now, k->data, k->len, cost)) {
-				ctx->lazy = i + 1;
+			if (ngx_http_tokenbucket_unreported(tcf, z, ctx, i))
 				continue;
-			}
 			rc = ngx_http_tokenbucket_allow_local(z, now, k, cost, &res);
 			if (rc != 0)
 				goto lib_error;
@@ -1987,7 +2021,8 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	ngx_http_tokenbucket_ctx_t *ctx = ngx_http_tokenbucket_get_ctx(r);
 	ngx_http_variable_value_t *vv;
 	ngx_pool_cleanup_t *cln;
-	ngx_uint_t i, n;
+	ngx_uint_t i, n, nrv;
+	size_t size;
 	u_char *p;
 
 	if (ctx != NULL) {
@@ -2002,27 +2037,26 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 		return NGX_DECLINED;
 
 	n = tcf->limits->nelts;
-	p = ngx_pcalloc(r->main->pool, sizeof(*ctx) +
-					       n * (NGX_HTTP_TB_RATES_MAX * sizeof(*ctx->rv) +
-						    sizeof(*ctx->keys) + sizeof(*ctx->costs) +
-						    sizeof(*ctx->local)));
-	cln = ngx_pool_cleanup_add(r->main->pool, 0);
-	if (p == NULL || cln == NULL)
+	limits = tcf->limits->elts;
+	/* The last limit without delay decides at once: it reserves nothing. */
+	nrv = limits[n - 1].delay == 0 ? n - 1 : n;
+	size = sizeof(*ctx) + nrv * NGX_HTTP_TB_RATES_MAX * sizeof(*ctx->rv) +
+	       n * (sizeof(*ctx->keys) + sizeof(*ctx->costs) + sizeof(*ctx->local));
+	/* The ctx is the cleanup's data: one call allocates both. */
+	cln = ngx_pool_cleanup_add(r->main->pool, size);
+	if (cln == NULL)
 		return NGX_HTTP_INTERNAL_SERVER_ERROR;
+	p = cln->data;
+	ngx_memzero(p, size);
 	ctx = (ngx_http_tokenbucket_ctx_t *)p;
 	ctx->rv = (struct tokenbucket_reservation *)(ctx + 1);
-	ctx->keys = (ngx_str_t *)(ctx->rv + n * NGX_HTTP_TB_RATES_MAX);
+	ctx->keys = (ngx_str_t *)(ctx->rv + nrv * NGX_HTTP_TB_RATES_MAX);
 	ctx->costs = (uint64_t *)(ctx->keys + n);
 	ctx->local = (u_char *)(ctx->costs + n);
 	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
-	cln->data = ctx;
 	ngx_http_set_ctx(r->main, ctx, ngx_http_tokenbucket_module);
 	ctx->status = NGX_HTTP_TB_PASSED;
-	ctx->resume.handler = ngx_http_tokenbucket_resume;
-	ctx->resume.data = r;
-	ctx->resume.log = r->connection->log;
 
-	limits = tcf->limits->elts;
 	for (i = 0; i < n; i++) {
 		if (limits[i].key_index != NGX_ERROR) {
 			/* As the complex value would be: "" when not found. */
@@ -2039,9 +2073,13 @@ static ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 		if (ngx_http_tokenbucket_cost(r, &limits[i], &ctx->costs[i]) != NGX_OK)
 			return NGX_HTTP_INTERNAL_SERVER_ERROR;
 	}
-	ctx->deciding = 1;
 	ctx->now = tokenbucket_now();
 	ctx->until = ctx->now;
+	/* As decide would end for this one limit, without its generic loop. */
+	if (n == 1 && limits[0].delay == 0 && ctx->keys[0].len != 0 && ctx->costs[0] != 0 &&
+	    ngx_http_tokenbucket_unreported(tcf, limits[0].shm_zone->data, ctx, 0))
+		return NGX_DECLINED;
+	ctx->deciding = 1;
 	return ngx_http_tokenbucket_decide(r, ctx);
 }
 

@@ -214,6 +214,14 @@ static inline bool table_give_up(struct tokenbucket_table *t)
 	return false;
 }
 
+/* What a view holds beyond a regime's words, in force (not frozen). */
+static inline void view_complete(struct tb__view *v)
+{
+	v->kind = v->p ? TB__FINITE : TB__ZERO;
+	v->limit = INT64_MAX; /* the core's horizon: the table keeps its own (hspan) */
+	v->until = TOKENBUCKET_NEVER;
+}
+
 /*
  * Reads regime slot r into c (v, burst, hspan), with origin resolved (the
  * table's for regime 0), without the seqlock; false for words no regime
@@ -233,9 +241,7 @@ static inline __attribute__((always_inline)) bool load_slot(const struct tbt_reg
 	v->hoff = atomic_load_explicit(&r->hoff, memory_order_relaxed);
 	c->burst = atomic_load_explicit(&r->burst, memory_order_relaxed);
 	c->hspan = (uint64_t)atomic_load_explicit(&r->hspan, memory_order_relaxed);
-	v->kind = v->p ? TB__FINITE : TB__ZERO;
-	v->limit = INT64_MAX; /* the core's horizon: the table keeps its own (hspan) */
-	v->until = TOKENBUCKET_NEVER;
+	view_complete(v);
 	return v->fine0 < v->q && c->burst <= TOKENBUCKET_TABLE_BURST_MAX;
 }
 

@@ -18,10 +18,14 @@
  * 1 allowed, 0 refused, -1 for anything else (no slot, no kept regime, a
  * change under way, a lost compare-and-swap), which allow_general decides
  * from the start.  Nothing the general path does not do is written: at most
- * the key's clock, which it would move to the same time.
+ * the key's clock, which it would move to the same time.  With c, a grant
+ * also leaves in c and *o the regime, time and level take reports, for
+ * allow_result (a refusal is left to the general path's report).
  */
 static inline __attribute__((always_inline)) int warm_allow(struct tokenbucket_table *t,
-							    int64_t now, uint64_t h, uint64_t n)
+							    int64_t now, uint64_t h, uint64_t n,
+							    struct tbt_call *c,
+							    struct tbt_outcome *o)
 {
 	uint64_t a, b;
 	tbt_buckets_of(h, t->lines / 2, &a, &b);
@@ -62,8 +66,21 @@ static inline __attribute__((always_inline)) int warm_allow(struct tokenbucket_t
 	uint64_t tail = st_tail(st), base, seen = st;
 	if (decide(&v, burst, at, tail, n, &base)) {
 		uint64_t after = st_with_tail(st, base + n);
-		return after == st || atomic_compare_exchange_strong(&s->state, &st, after) ? 1 : -1;
+		if (after != st && !atomic_compare_exchange_strong(&s->state, &st, after))
+			return -1;
+		if (c != NULL) {
+			/* As take reports a grant. */
+			view_complete(&v);
+			c->v = v;
+			c->burst = burst;
+			o->allowed = true;
+			o->at = at;
+			o->level = base != tail ? (int64_t)(burst - n) : level_of(c, at, base + n);
+		}
+		return 1;
 	}
+	if (c != NULL)
+		return -1;
 	/* Refused only on the state and time it was decided on. */
 	return atomic_load_explicit(&s->state, memory_order_acquire) == seen &&
 			       atomic_load(&s->clock) == at
@@ -121,7 +138,7 @@ bool tokenbucket_table_allow_at(struct tokenbucket_table *t, int64_t now, const 
 	if (t == NULL || bad_key(key, len))
 		return false;
 	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
-	int warm = warm_allow(t, now, h, n);
+	int warm = warm_allow(t, now, h, n, NULL, NULL);
 	return __builtin_expect(warm >= 0, 1) ? warm : allow_general(t, now, h, n);
 }
 
@@ -156,10 +173,15 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 {
 	if (t == NULL || res == NULL || bad_key(key, len))
 		return -EINVAL;
+	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
 	struct tbt_call c;
-	if (!call_init(t, now, key, len, 0, &c))
-		return -EBADMSG;
 	struct tbt_outcome o = {0};
+	if (__builtin_expect(warm_allow(t, now, h, n, &c, &o) == 1, 1)) {
+		report(&c, &o, n, res);
+		return 0;
+	}
+	if (!call_init_hashed(t, now, h, 0, &c))
+		return -EBADMSG;
 	if (n > c.burst) {
 		/* Refused at once. */
 		tb__table_peek(&c, &o);
@@ -169,6 +191,7 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 			err = take(t, &c, n, true, &o, NULL);
 		if (err)
 			return err;
+		cache_regime(t, &c);
 	}
 	report(&c, &o, n, res);
 	return 0;
