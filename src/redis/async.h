@@ -47,7 +47,7 @@ void tbr__async_forget(struct tokenbucket_redis_async *a);
 
 /*
  * Something on an engine's loop with times of its own (a lease of the
- * asynchronous client, lease.c).  fire() runs from
+ * asynchronous client, lease_async.c).  fire() runs from
  * tokenbucket_redis_async_timeout once tokenbucket_now() reaches due
  * (due is INT64_MAX again when it runs; it may set another, start calls
  * and add or remove hooks).  end() runs once, from the engine's close,
