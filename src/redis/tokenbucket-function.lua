@@ -82,7 +82,7 @@ local function bind()
 	wide = format("%d", 9007199254740991) == "9007199254740991"
 end
 
--- span, later and clock serve allow_all's refusals and rarer cases; the
+-- wait, later and clock serve allow_all's refusals and rarer cases; the
 -- single allow and allow_all's granted path keep the same lines inline,
 -- as each call adds about 8 Lua instructions to the 240 of a hot key's
 -- allow (lua5.1's count hook).
@@ -125,23 +125,6 @@ local function parse(stored)
 	return true
 end
 
--- The least w with w p >= d q - rem, d > 0: the ns until d more tokens
--- are there (below 2^53), or 2^53 past what doubles hold exactly.  fmod
--- is exact, and so then is the division of what it leaves; past 2^53,
--- d q - rem is (d - 1) q + (q - rem), for muldiv.
-local function span(d, p, q, rem)
-	local x, w, m = d * q - rem
-	if x < LIM then
-		m = fmod(x, p)
-		w = (x - m) / p
-	else
-		w, m = muldiv(d - 1, q, q - rem, p)
-	end
-	if m > 0 then
-		w = w + 1
-	end
-	return w < LIM and w or LIM
-end
 
 -- w ns from (th, tl), or -1 if that is at or past INT64_MAX (never).
 local function later(w, th, tl)
@@ -173,9 +156,21 @@ end
 
 -- The least w with w p >= d q - rem, d > 0: the ns from (th, tl) until d
 -- more tokens are there; -1 if that is at or past INT64_MAX (never), false
--- past what doubles hold exactly (as span, 2^53 ns or more).
+-- past what doubles hold exactly (2^53 ns or more).  fmod is exact, and so
+-- then is the division of what it leaves; past 2^53, d q - rem is
+-- (d - 1) q + (q - rem), for muldiv.  From (0, 0) no wait below 2^53 is
+-- never: wait(d, p, q, rem, 0, 0) or LIM is the span alone (allow_all's).
 local function wait(d, p, q, rem, th, tl)
-	local w = span(d, p, q, rem)
+	local x, w, m = d * q - rem
+	if x < LIM then
+		m = fmod(x, p)
+		w = (x - m) / p
+	else
+		w, m = muldiv(d - 1, q, q - rem, p)
+	end
+	if m > 0 then
+		w = w + 1
+	end
 	if w >= LIM then
 		return false
 	end
@@ -344,7 +339,7 @@ local function all(KEYS, ARGV)
 				index, low = i, lv
 			end
 			if lv < sb then
-				-- span(sb - lv, p, q, rem), inline below 2^53
+				-- the span of wait(sb - lv, p, q, rem, 0, 0), inline below 2^53
 				local y = (sb - lv) * q - rem
 				local d
 				if y < LIM then
@@ -354,7 +349,7 @@ local function all(KEYS, ARGV)
 						d = d + 1
 					end
 				else
-					d = span(sb - lv, p, q, rem)
+					d = wait(sb - lv, p, q, rem, 0, 0) or LIM
 				end
 				if d > wf then
 					wf = d
@@ -371,13 +366,13 @@ local function all(KEYS, ARGV)
 			local c, k = cs[i], 3 * i
 			local lv, rem, sb = nat[k - 1] + n, nat[k], c[3]
 			if lv < n then
-				local d = span(n - lv, c[1], c[2], rem)
+				local d = wait(n - lv, c[1], c[2], rem, 0, 0) or LIM
 				if d > w then
 					w = d
 				end
 			end
 			if lv < sb then
-				local d = span(sb - lv, c[1], c[2], rem)
+				local d = wait(sb - lv, c[1], c[2], rem, 0, 0) or LIM
 				if d > wf then
 					wf = d
 				end
