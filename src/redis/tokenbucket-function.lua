@@ -16,9 +16,8 @@
 -- strings it was given, so that every answer is the one the script gives
 -- (the lua differential runs both on the same steps):
 --   cfgs[tokens][period][burst]  the configuration read and checked,
---                                { p, q, burst, "tokens period burst",
---                                gcd(p, q) } or false (the script
---                                decides the call)
+--                                { p, q, burst, "tokens period burst" }
+--                                or false (the script decides the call)
 --   nss[n]                       n read and checked, or false
 --   secs[s]                      TIME's seconds read (the last one only)
 --   msm[ms]                      an expiry in ms as the decimal SET takes
@@ -31,8 +30,9 @@
 -- common call checks no pattern and reads no number from a string but
 -- TIME's microseconds, and on a hot key does not parse the value it wrote
 -- the call before.  The arithmetic is the script's common case, line for
--- line (allow_all's also takes the spans past 2^53 that gcd(p, q) brings
--- back below it, as the script's does); a value is written with one
+-- line, products past 2^53 included: the library's builder puts the
+-- script's function muldiv at the top of the library, where this file
+-- finds it (function-library.sh); a value is written with one
 -- format of two integers and one concatenation, a "tbs1" value with one
 -- format.  A call handed to the script after TIME and GET has
 -- written nothing: the script reads both again and decides it at its own
@@ -56,12 +56,7 @@ local function config(a, b, u)
 	if find(cfg, "^[1-9]%d* [1-9]%d* [1-9]%d*$") then
 		local p, q, sb = a + 0, b + 0, u + 0
 		if p < 1e15 and q < 1e15 and sb < 1e15 then
-			-- g: gcd(p, q), for allow_all's longer spans
-			local g, r = p, q
-			while r > 0 do
-				g, r = r, fmod(g, r)
-			end
-			c = { p, q, sb, cfg, g }
+			c = { p, q, sb, cfg }
 		end
 	end
 	if ncfgs >= 256 then
@@ -87,7 +82,7 @@ local function bind()
 	wide = format("%d", 9007199254740991) == "9007199254740991"
 end
 
--- span, later and clock serve allow_all's refusals and rarer cases; the
+-- wait, later and clock serve allow_all's refusals and rarer cases; the
 -- single allow and allow_all's granted path keep the same lines inline,
 -- as each call adds about 8 Lua instructions to the 240 of a hot key's
 -- allow (lua5.1's count hook).
@@ -130,21 +125,6 @@ local function parse(stored)
 	return true
 end
 
--- The least w with w p >= d q - rem, d > 0: the ns until d more tokens
--- are there (below 2^53), or 2^53 past what doubles hold exactly.  fmod
--- is exact, and so then is the division of what it leaves.
-local function span(d, p, q, rem)
-	local x = d * q - rem
-	if x >= LIM then
-		return LIM
-	end
-	local m = fmod(x, p)
-	local w = (x - m) / p
-	if m > 0 then
-		w = w + 1
-	end
-	return w
-end
 
 -- w ns from (th, tl), or -1 if that is at or past INT64_MAX (never).
 local function later(w, th, tl)
@@ -176,17 +156,23 @@ end
 
 -- The least w with w p >= d q - rem, d > 0: the ns from (th, tl) until d
 -- more tokens are there; -1 if that is at or past INT64_MAX (never), false
--- past what doubles hold exactly.  fmod is exact, and so then is the
--- division of what it leaves.
+-- past what doubles hold exactly (2^53 ns or more).  fmod is exact, and so
+-- then is the division of what it leaves; past 2^53, d q - rem is
+-- (d - 1) q + (q - rem), for muldiv.  From (0, 0) no wait below 2^53 is
+-- never: wait(d, p, q, rem, 0, 0) or LIM is the span alone (allow_all's).
 local function wait(d, p, q, rem, th, tl)
-	local x = d * q - rem
-	if x >= LIM then
-		return false
+	local x, w, m = d * q - rem
+	if x < LIM then
+		m = fmod(x, p)
+		w = (x - m) / p
+	else
+		w, m = muldiv(d - 1, q, q - rem, p)
 	end
-	local m = fmod(x, p)
-	local w = (x - m) / p
 	if m > 0 then
 		w = w + 1
+	end
+	if w >= LIM then
+		return false
 	end
 	local wr = fmod(w, BIL)
 	local h, lo = th + (w - wr) / BIL, tl + wr
@@ -334,19 +320,8 @@ local function all(KEYS, ARGV)
 				rem = fmod(x, q)
 				got = (x - rem) / q
 			else
-				-- Past 2^53 (10^9 an hour does it in 9 ms), with g = gcd(p, q)
-				-- and rem = g r1 + r0, r0 < g: the tokens are those of
-				-- dt p/g + r1 per q/g, and the new rem g times what that
-				-- leaves, plus r0.
-				local g = c[5]
-				local r0 = fmod(rem, g)
-				local qg = q / g
-				x = dt * (p / g) + (rem - r0) / g
-				if x >= LIM then
-					return script(KEYS, ARGV)
-				end
-				local r1 = fmod(x, qg)
-				got, rem = (x - r1) / qg, r1 * g + r0
+				-- Past 2^53 (10^9 an hour does it in 9 ms).
+				got, rem = muldiv(dt, p, rem, q)
 			end
 			if lv < sb then
 				lv = lv + got
@@ -364,19 +339,20 @@ local function all(KEYS, ARGV)
 				index, low = i, lv
 			end
 			if lv < sb then
-				-- span(sb - lv, p, q, rem), inline
+				-- the span of wait(sb - lv, p, q, rem, 0, 0), inline below 2^53
 				local y = (sb - lv) * q - rem
-				if y >= LIM then
-					wf = LIM
-				else
+				local d
+				if y < LIM then
 					local r = fmod(y, p)
-					local d = (y - r) / p
+					d = (y - r) / p
 					if r > 0 then
 						d = d + 1
 					end
-					if d > wf then
-						wf = d
-					end
+				else
+					d = wait(sb - lv, p, q, rem, 0, 0) or LIM
+				end
+				if d > wf then
+					wf = d
 				end
 			end
 		end
@@ -390,13 +366,13 @@ local function all(KEYS, ARGV)
 			local c, k = cs[i], 3 * i
 			local lv, rem, sb = nat[k - 1] + n, nat[k], c[3]
 			if lv < n then
-				local d = span(n - lv, c[1], c[2], rem)
+				local d = wait(n - lv, c[1], c[2], rem, 0, 0) or LIM
 				if d > w then
 					w = d
 				end
 			end
 			if lv < sb then
-				local d = span(sb - lv, c[1], c[2], rem)
+				local d = wait(sb - lv, c[1], c[2], rem, 0, 0) or LIM
 				if d > wf then
 					wf = d
 				end
@@ -517,13 +493,16 @@ local function call(KEYS, ARGV)
 	if dh >= 9007198 then
 		return script(KEYS, ARGV)
 	end
-	local x = (dh * BIL + (tl - l0)) * p + rem
-	if x >= LIM then
-		return script(KEYS, ARGV)
+	local dt = dh * BIL + (tl - l0)
+	local x, got = dt * p + rem, nil
+	if x < LIM then
+		rem = fmod(x, q)
+		got = (x - rem) / q
+	else
+		got, rem = muldiv(dt, p, rem, q)
 	end
-	rem = fmod(x, q)
 	if lv < sb then
-		lv = lv + (x - rem) / q
+		lv = lv + got
 		if lv > sb then
 			lv = sb
 		end

@@ -45,6 +45,56 @@ local LIM = 9007199254740992 -- 2^53
 local NEVER = "9223372036854775807"
 local BIL = 1000000000
 
+-- muldiv(A, M, c, D): for x = A M + c with 0 <= A < 2^53 and M, c, D below
+-- 2^50 (D >= 1), floor(x / D) and x mod D, exact; the quotient is 2^53
+-- when it is 2^53 or more.  The common cases' products past 2^53, in
+-- doubles: x as three base-2^26 digits from 26-bit halves of A and M,
+-- then long division by D a digit at a time, each digit's quotient from
+-- the doubles' ratio (within one of the truth) and its remainder from D's
+-- halves.  Every step's bound is in docs/redis.md, "Past 2^53 in
+-- doubles".  It uses no upvalue, so that making it costs a call no more
+-- than a table; the function library takes this text as it is.
+local function muldiv(A, M, c, D)
+	local T, fmod = 67108864, math.fmod -- 2^26
+	local a0, m0, D0 = A % T, M % T, D % T
+	local a1, m1, D1 = (A - a0) / T, (M - m0) / T, (D - D0) / T
+	local z = a0 * m0 + c
+	local d0 = z % T
+	z = a1 * m0 + (z - d0) / T
+	local e = z % T
+	local h = a1 * m1 + (z - e) / T
+	z = a0 * m1 + e
+	local d1 = z % T
+	h = h + (z - d1) / T
+	-- x = (h T + d1) T + d0, h below 2^52
+	local r = fmod(h, D)
+	local g = (h - r) / D
+	local y = (r * T + d1) / D
+	local k1 = y - y % 1
+	local s = (r - k1 * D1) * T + (d1 - k1 * D0)
+	if s < 0 then
+		s, k1 = s + D, k1 - 1
+	elseif s >= D then
+		s, k1 = s - D, k1 + 1
+	end
+	y = (s * T + d0) / D
+	local k0 = y - y % 1
+	r = (s - k0 * D1) * T + (d0 - k0 * D0)
+	if r < 0 then
+		r, k0 = r + D, k0 - 1
+	elseif r >= D then
+		r, k0 = r - D, k0 + 1
+	end
+	if g >= 2 then
+		return 9007199254740992, r
+	end
+	g = (g * T + k1) * T + k0
+	if g >= 9007199254740992 then
+		g = 9007199254740992
+	end
+	return g, r
+end
+
 -- ---- The call -------------------------------------------------------------------
 
 local key, op, nargs = KEYS[1], ARGV[1], #ARGV
@@ -78,9 +128,12 @@ local stored = redis.call("GET", key)
 
 -- ---- The common case, in doubles ------------------------------------------------
 -- allow or reserve on a new bucket, or on a stored one whose configuration
--- is the call's, every number below 10^15, every product checked below
--- 2^53.  A break hands the call, untouched, to the general path, which
--- decides it alike.  It comes first and is written inline, and it counts
+-- is the call's, every number below 10^15 (the burst, the rate's two
+-- numbers, the level and debt), so that every product of them that
+-- passes 2^53 is taken by muldiv, exactly, and only a wait of 2^53 ns or
+-- more (104 days) or a span of as many since the clock is left over.  A
+-- break hands the call, untouched, to the general path, which decides it
+-- alike.  It comes first and is written inline, and it counts
 -- the C functions it calls, each of which costs Redis's CPU far more than
 -- a line of arithmetic: the arguments and the stored value are checked by
 -- one pattern each and read by coercion (a string of digits in arithmetic
@@ -162,29 +215,40 @@ if common then
 		if dh >= 9007198 then
 			break
 		end
-		local x = (dh * BIL + (tl - l0)) * p + rem
-		if x >= LIM then
-			break
+		-- got: the tokens made since the clock, 2^53 for as many or more
+		-- (more than a burst, then).
+		local dt = dh * BIL + (tl - l0)
+		local x, got = dt * p + rem, nil
+		if x < LIM then
+			rem = fmod(x, q)
+			got = (x - rem) / q
+		else
+			got, rem = muldiv(dt, p, rem, q)
 		end
-		rem = fmod(x, q)
 		if lv < sb then
-			lv = lv + (x - rem) / q
+			lv = lv + got
 			if lv > sb then
 				lv = sb
 			end
 		end
 		-- When n tokens are there: w ns from t (false: never), h, lo as a time.
 		-- The least w with w p >= d q - rem; fmod is exact, and so then is
-		-- the division of what it leaves.
+		-- the division of what it leaves.  Past 2^53, d q - rem is
+		-- (d - 1) q + (q - rem), for muldiv.
 		local w, ah, al = 0, th, tl
 		local d = n - lv
 		if d > 0 then
 			local x = d * q - rem
-			if x >= LIM then
-				break
+			local m
+			if x < LIM then
+				m = fmod(x, p)
+				w = (x - m) / p
+			else
+				w, m = muldiv(d - 1, q, q - rem, p)
+				if w >= LIM - 1 then
+					break
+				end
 			end
-			local m = fmod(x, p)
-			w = (x - m) / p
 			if m > 0 then
 				w = w + 1
 			end
@@ -225,11 +289,16 @@ if common then
 		d = sb - lv
 		if d > 0 then
 			local x = d * q - rem
-			if x >= LIM then
-				break
+			local m
+			if x < LIM then
+				m = fmod(x, p)
+				wf = (x - m) / p
+			else
+				wf, m = muldiv(d - 1, q, q - rem, p)
+				if wf >= LIM - 1 then
+					break
+				end
 			end
-			local m = fmod(x, p)
-			wf = (x - m) / p
 			if m > 0 then
 				wf = wf + 1
 			end
@@ -296,9 +365,8 @@ end
 -- ---- allow_all's common case, in doubles --------------------------------------
 -- As the single common case: a stored key holding as many limits as the
 -- call names, each with the call's configuration, or a new key; every
--- number below 10^15, every product checked below 2^53 (the production
--- since the clock also when gcd(p, q) brings it below: a rate per hour
--- passes 2^53 ns·tokens within milliseconds).  A break hands the call,
+-- number below 10^15, every product past 2^53 taken by muldiv (a rate per
+-- hour passes 2^53 ns·tokens within milliseconds).  A break hands the call,
 -- untouched, to allow_all below, which decides it alike.  One table holds
 -- what each limit computes.
 
@@ -369,22 +437,8 @@ if quick then
 				rem = fmod(x, q)
 				got = (x - rem) / q
 			else
-				-- Past 2^53 (10^9 an hour does it in 9 ms), with g = gcd(p, q)
-				-- and rem = g r1 + r0, r0 < g: the tokens are those of
-				-- dt p/g + r1 per q/g, and the new rem g times what that
-				-- leaves, plus r0.
-				local g, r = p, q
-				while r > 0 do
-					g, r = r, fmod(g, r)
-				end
-				local r0, qg = fmod(rem, g), q / g
-				x = dt * (p / g) + (rem - r0) / g
-				if x >= LIM then
-					fail = true
-					break
-				end
-				local r1 = fmod(x, qg)
-				got, rem = (x - r1) / qg, r1 * g + r0
+				-- Past 2^53 (10^9 an hour does it in 9 ms).
+				got, rem = muldiv(dt, p, rem, q)
 			end
 			if lv < sb then
 				lv = lv + got
@@ -414,27 +468,33 @@ if quick then
 					index = i
 				end
 			elseif w and lv < n then
-				local x = (n - lv) * q - rem
-				if x >= LIM then
-					w = false
+				local x, d, m = (n - lv) * q - rem
+				if x < LIM then
+					m = fmod(x, p)
+					d = (x - m) / p
 				else
-					local m = fmod(x, p)
-					local d = (x - m) / p + (m > 0 and 1 or 0)
-					if d > w then
-						w = d
-					end
+					d, m = muldiv(n - lv - 1, q, q - rem, p)
+				end
+				d = d + (m > 0 and 1 or 0)
+				if d >= LIM then
+					w = false
+				elseif d > w then
+					w = d
 				end
 			end
 			if wf and lv < sb then
-				local x = (sb - lv) * q - rem
-				if x >= LIM then
-					wf = false
+				local x, d, m = (sb - lv) * q - rem
+				if x < LIM then
+					m = fmod(x, p)
+					d = (x - m) / p
 				else
-					local m = fmod(x, p)
-					local d = (x - m) / p + (m > 0 and 1 or 0)
-					if d > wf then
-						wf = d
-					end
+					d, m = muldiv(sb - lv - 1, q, q - rem, p)
+				end
+				d = d + (m > 0 and 1 or 0)
+				if d >= LIM then
+					wf = false
+				elseif d > wf then
+					wf = d
 				end
 			end
 		end

@@ -35,6 +35,10 @@ wait $first || status=1
 # Then hand-made steps the generator never writes: numbers with leading
 # zeros, rate 0 per a period other than 1, times below 1 s, the server's clock.
 lua5.1 "$driver" "$script" --general "$@" < "$(dirname "$0")/noncanonical.steps" || status=1
+# And products at and past 2^53 that the common cases take since 1.2
+# (a byte rate, the thresholds, every number at 10^15 - 1), next to the
+# API's largest rate and burst, which the general path takes.
+lua5.1 "$driver" "$script" --general "$@" < "$(dirname "$0")/wide.steps" || status=1
 "$gen" set 3 "${TOKENBUCKET_LUA_SET_SEQUENCES:-2000}" 20 |
 	lua5.1 "$(dirname "$0")/driver-set.lua" "$script" "$@" || status=1
 exit $status

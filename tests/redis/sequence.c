@@ -19,12 +19,34 @@ static uint64_t below(struct seq *s, uint64_t n)
 	return n == 0 ? 0 : seq_rand(&s->rng) % n;
 }
 
+/*
+ * Limits whose products pass 2^53 at once, which the script's common cases
+ * take in two-digit arithmetic: a byte rate (10^9 a second, burst 10^9),
+ * the thresholds (2^26 per 2^26 ns, burst 2^27: a full bucket's span is
+ * 2^53 ns·tokens), every number at the common cases' largest (10^15 - 1),
+ * a rate with no common factor there; then the API's largest rate and
+ * burst, and the smallest rate with the largest burst.
+ */
+static const struct tokenbucket_redis_limit edge_limits[] = {
+	{ 1000000000, 1000000000, 1000000000 },
+	{ 67108864, 67108864, 134217728 },
+	{ 999999999999999, 999999999999999, 999999999999999 },
+	{ 999999999999989, 999999999999999, 999999999999999 },
+	{ 1, 999999999999999, 999999999999999 },
+	{ 999999999999999, 1, 999999999999999 },
+	{ UINT64_MAX, INT64_MAX, TOKENBUCKET_BURST_MAX },
+	{ 1, INT64_MAX, TOKENBUCKET_BURST_MAX },
+};
+
 /* Mostly the range (burst to 2^40, rates to 1e9 per second), now and then the library's whole range. */
 static struct tokenbucket_redis_limit random_limit(struct seq *s)
 {
 	static const int64_t periods[] = { 1, 3, 1000, 1000000, 7000000, 1000000000, 60000000000 };
 	struct tokenbucket_redis_limit l;
 	uint64_t k = below(s, 100);
+	if (k < 6)
+		return edge_limits[below(s, sizeof(edge_limits) / sizeof(edge_limits[0]))];
+	k = below(s, 100);
 	if (k < 5)
 		l.tokens = 0;
 	else if (k < 60)
