@@ -3,11 +3,14 @@
  * libtokenbucket-redis: libtokenbucket's bucket kept in Redis and shared by
  * every process that names the same key.
  *
- * Each decision is one round trip: EVALSHA of one Lua script (installed as
- * tokenbucket.lua, documented in tokenbucket-redis(7)) that computes exactly
- * what a local bucket computes, in multi-limb integer arithmetic.  A script
- * cache lost to a restart, a failover or SCRIPT FLUSH is refilled with EVAL
- * on the same call.  A client of a Redis Cluster
+ * Each decision is one round trip, one command that computes exactly what a
+ * local bucket computes: TOKENBUCKET.CALL where the server has the native
+ * module, else FCALL of the client's function library where it has
+ * functions (Redis 7), else EVALSHA of the Lua script (installed as
+ * tokenbucket.lua); each connection finds out which once, when it is made
+ * (tokenbucket_redis_set_module, tokenbucket-redis(7)).  A script cache
+ * lost to a restart, a failover or SCRIPT FLUSH is refilled with EVAL on
+ * the same call.  A client of a Redis Cluster
  * (tokenbucket_redis_open_cluster, since 1.1) routes each call to the
  * primary of its key's hash slot.
  *
@@ -149,8 +152,9 @@ TOKENBUCKET_API int tokenbucket_redis_set_connections(struct tokenbucket_redis *
  * Which command decides (1.2).  Every connection asks its server once, when
  * it is made, whether the native module is loaded (TOKENBUCKET.VERSION, a
  * version this library speaks); with _AUTO (the default) its calls then go
- * as TOKENBUCKET.CALL, otherwise as the script, and a server that unloads
- * the module makes the connection go back to the script.  Both decide
+ * as TOKENBUCKET.CALL, otherwise as FCALL of the function library where
+ * the server has functions, else as the script, and a server that unloads
+ * the module makes the connection go back to the script.  All decide
  * alike on the same stored value.  _NEVER always sends the script; _ALWAYS
  * always sends TOKENBUCKET.CALL (a server without the module answers
  * -EPROTO), for tests and benchmarks.  Applies to the calls started after
@@ -303,13 +307,13 @@ struct tokenbucket_redis_lease;
  * tokenbucket_redis_lease_allow spends them locally, without a round trip.
  * A chunk is at most cap = min(share * burst, the tokens the rate makes
  * in window_ns) (rate 0: share * burst), starts at cap / 64 (at least 1),
- * doubles when a chunk lasts less than window_ns / 2, and goes back to
- * the start when the key is quiet; the next chunk is asked for when fewer
- * than half a chunk are left, so that callers rarely find none.  While
- * other clients drain the shared bucket, a lease takes what is there
- * every window_ns / 4 on average (each turn drawn from 1/8 to 3/8 of
- * window_ns).  The
- * lease holds at most 2 * cap tokens.  Tokens not used go back to the
+ * doubles when a chunk lasts less than window_ns or a caller was refused,
+ * halves when one lasts more than two windows, and goes back to the start
+ * when the key is quiet; the next chunk is asked for when fewer than half
+ * a chunk are left, so that callers rarely find none.  While other clients
+ * drain the shared bucket, a lease takes what is there every window_ns / 4
+ * on average (each turn drawn from 1/8 to 3/8 of window_ns); after a
+ * failed round trip it tries again window_ns / 8 later.  The lease holds at most 2 * cap tokens.  Tokens not used go back to the
  * shared bucket (TOKENBUCKET_REDIS_REFUND) when a whole window passes
  * without a call, and at tokenbucket_redis_lease_close.  A grant of the
  * client's local fallback is never taken as a lease.  Other processes and
