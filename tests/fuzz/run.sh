@@ -7,7 +7,9 @@
 # (fuzz_mapping.c: any bytes as a shared bucket or table) for MAPPING_SECONDS
 # (30) on tests/fuzz/corpus-mapping, and the Redis reply decoders' fuzzer
 # (fuzz_redis.c, where hiredis is installed) for REDIS_SECONDS (30) on
-# tests/fuzz/corpus-redis.  Exits nonzero on any crash, divergence
+# tests/fuzz/corpus-redis, and the Redis module's arithmetic
+# (fuzz_module_bucket.c) for MODULE_SECONDS (20) on tests/fuzz/corpus-module.
+# Exits nonzero on any crash, divergence
 # or call that loops.  Usage: tests/fuzz/run.sh [BUILD_DIR]   (default build-fuzz/)
 # Extra libFuzzer options go in FUZZ_ARGS, e.g. FUZZ_ARGS="-jobs=4 -workers=4".
 # Needs clang and libclang-rt-14-dev (Debian 12) besides the library's own
@@ -92,6 +94,18 @@ if pkg-config --exists hiredis; then
 elif [ -n "${TOKENBUCKET_NO_SKIP:-}" ]; then
 	echo "FAILED: no hiredis for the Redis reply fuzzer" >&2
 	status=1
+fi
+
+# The Redis module's arithmetic (any bytes as a stored value, and the local
+# library's own histories), on bucket.c, the core and the checks of the
+# redis-module-bucket suite; skipped with the module (no 128-bit integers).
+if echo 'unsigned __int128 x;' | $CC -x c -c -o /dev/null - 2>/dev/null; then
+	echo "building $build/fuzz_module_bucket with $CC"
+	# shellcheck disable=SC2086
+	$CC $cflags -I"$top/tests/redis" -I"$top/src/redis/module" -o "$build/fuzz_module_bucket" \
+		"$here/fuzz_module_bucket.c" "$top/tests/redis/bucket_diff.c" "$top/tests/redis/sequence.c" \
+		"$top/src/redis/module/bucket.c" "$top"/src/core/*.c -lm -lpthread
+	fuzz_corpus fuzz_module_bucket "${MODULE_SECONDS:-20}" corpus-module module-
 fi
 
 if [ "$status" -ne 0 ]; then

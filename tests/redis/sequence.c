@@ -14,6 +14,14 @@ uint64_t seq_rand(uint64_t *state)
 	return z ^ (z >> 31);
 }
 
+int64_t seq_until(int64_t t, int64_t now)
+{
+	if (t == TOKENBUCKET_NEVER || t <= now)
+		return t == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : 0;
+	uint64_t d = (uint64_t)t - (uint64_t)now;
+	return d >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
+}
+
 static uint64_t below(struct seq *s, uint64_t n)
 {
 	return n == 0 ? 0 : seq_rand(&s->rng) % n;

@@ -47,6 +47,8 @@ struct seq {
 };
 
 uint64_t seq_rand(uint64_t *state);
+/* t - now as the client reads a reply: at least 0; never, and a span no int64_t holds, never. */
+int64_t seq_until(int64_t t, int64_t now);
 /* A new sequence of steps from seed; 0 or a negative errno. */
 int seq_start(struct seq *s, uint64_t seed, int steps);
 /* The next step and the local answer; false when the sequence is over. */

@@ -26,15 +26,6 @@ static int64_t reply_int(const redisReply *e)
 	return strtoll(e->str, NULL, 10);
 }
 
-/* t - now as the client reads it: at least 0; never, and a span no int64_t holds, never. */
-static int64_t until(int64_t t, int64_t now)
-{
-	if (t == TOKENBUCKET_NEVER || t <= now)
-		return t == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : 0;
-	uint64_t d = (uint64_t)t - (uint64_t)now;
-	return d >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER : (int64_t)d;
-}
-
 static redisReply *get(redisContext *x, const char *key)
 {
 	redisReply *r = redisCommand(x, "GET %s", key);
@@ -67,8 +58,8 @@ static void twin_step(redisContext *x, const char *key, const char *twin,
 		int64_t t = reply_int(r->element[1]), level = reply_int(r->element[2]);
 		ck_assert_msg(res->allowed == (r->element[0]->integer == 1) &&
 				      res->remaining == (uint64_t)(level > 0 ? level : 0) &&
-				      res->retry_after_ns == until(reply_int(r->element[5]), t) &&
-				      res->reset_after_ns == until(reply_int(r->element[6]), t) &&
+				      res->retry_after_ns == seq_until(reply_int(r->element[5]), t) &&
+				      res->reset_after_ns == seq_until(reply_int(r->element[6]), t) &&
 				      res->limit == st->lim.burst,
 			      "%s step %d: allowed %d remaining %" PRIu64 " retry %" PRId64 " reset %" PRId64
 			      ", the 7-element reply says otherwise",
@@ -270,7 +261,8 @@ START_TEST(test_compact_server_clock)
 	ck_assert_int_eq(r->element[0]->integer, 0);
 	ck_assert_int_eq(reply_int(r->element[2]), 0);
 	int64_t t = reply_int(r->element[1]);
-	int64_t retry = until(reply_int(r->element[5]), t), reset = until(reply_int(r->element[6]), t);
+	int64_t retry = seq_until(reply_int(r->element[5]), t);
+	int64_t reset = seq_until(reply_int(r->element[6]), t);
 	ck_assert_int_le(retry, res.retry_after_ns);
 	ck_assert_int_gt(retry, res.retry_after_ns - 60 * SEC);
 	ck_assert_int_eq(res.reset_after_ns - reset, res.retry_after_ns - retry);
