@@ -628,22 +628,27 @@ TOKENBUCKET_API int tokenbucket_limit_from_rate(struct tokenbucket_limit *lim, d
 /* *flags of tokenbucket_limit_parse: in, what the text is; out, what it named. */
 #define TOKENBUCKET_PARSE_BURST 0x1u /* in: a burst, into lim->burst alone */
 #define TOKENBUCKET_PARSE_BYTES 0x2u /* out: a byte or bit unit was named */
+#define TOKENBUCKET_PARSE_PERIOD 0x4u /* in: a duration, into lim->period_ns alone */
 
 /*
  * Reads a rate ("10r/s", "7/3s", "5MB/s", "1GB/h", "unlimited") or, with
- * TOKENBUCKET_PARSE_BURST in *flags, a burst ("20", "4MB", "64Ki") exactly,
- * with no double; the grammar is in tokenbucket_limit_parse(3).  A rate
- * sets tokens and period_ns in lowest terms and burst to the amount
- * written, the most a quota ("1000r/h") holds, within [1,
- * TOKENBUCKET_BURST_MAX]; "unlimited" is {1, 0, TOKENBUCKET_BURST_MAX}.  A
- * burst sets burst alone.  flags may be NULL: a rate, nothing said back.
- * end, if not NULL, gets the text's end on success; on failure the first
- * character outside the grammar (-EINVAL), else text.  -EINVAL: lim or
- * text NULL, unknown bits in *flags, text outside the grammar.  -EDOM: a
- * zero rate or burst, a burst not a whole number of tokens.  -ERANGE: a
- * number beyond 128 bits, a rate whose lowest terms exceed 64 bits
- * (tokens) or 63 (ns), a burst above TOKENBUCKET_BURST_MAX.  *lim and
- * *flags untouched on failure.  Pure, no locale: any thread, any time.
+ * TOKENBUCKET_PARSE_BURST in *flags, a burst ("20", "4MB", "64Ki") or,
+ * with TOKENBUCKET_PARSE_PERIOD, a duration ("1.5", "500ms", "2min"; bare:
+ * seconds) exactly, with no double; the grammar is in
+ * tokenbucket_limit_parse(3).  A rate sets tokens and period_ns in lowest
+ * terms and burst to the amount written, the most a quota ("1000r/h")
+ * holds, within [1, TOKENBUCKET_BURST_MAX]; "unlimited" is {1, 0,
+ * TOKENBUCKET_BURST_MAX}.  A burst sets burst alone, a duration period_ns
+ * alone.  flags may be NULL: a rate, nothing said back.  end, if not NULL,
+ * gets the text's end on success; on failure the first character outside
+ * the grammar (-EINVAL), else text.  -EINVAL: lim or text NULL, unknown
+ * bits in *flags or both BURST and PERIOD, text outside the grammar.
+ * -EDOM: a zero rate, burst or duration, a burst not a whole number of
+ * tokens, a duration not a whole number of ns.  -ERANGE: a number beyond
+ * 128 bits, a rate whose lowest terms exceed 64 bits (tokens) or 63 (ns),
+ * a burst above TOKENBUCKET_BURST_MAX, a duration above INT64_MAX ns.
+ * *lim and *flags untouched on failure.  Pure, no locale: any thread, any
+ * time.
  */
 TOKENBUCKET_API int tokenbucket_limit_parse(struct tokenbucket_limit *lim, const char *text,
 					    unsigned *flags, const char **end);

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tokenbucket_limit_parse: a rate or a burst read from text exactly.  Every
- * quantity is a ratio of unsigned 128-bit integers until the end, where it
- * is reduced and must fit a limit's 64-bit terms; nothing is rounded.  The
- * whole text is read for its syntax first, so that -EINVAL comes before
- * -EDOM and -ERANGE whatever the text.  The grammar is in
- * tokenbucket_limit_parse(3).
+ * tokenbucket_limit_parse: a rate, a burst or a duration read from text
+ * exactly.  Every quantity is a ratio of unsigned 128-bit integers until
+ * the end, where it is reduced and must fit a limit's 64-bit terms;
+ * nothing is rounded.  The whole text is read for its syntax first, so
+ * that -EINVAL comes before -EDOM and -ERANGE whatever the text.  The
+ * grammar is in tokenbucket_limit_parse(3).
  */
 #include <errno.h>
 #include <string.h>
@@ -111,18 +111,36 @@ static unsigned read_unit(const char **p, unsigned *flags)
 	return 1;
 }
 
+/*
+ * The units of time, shortest first: a duration takes any, a rate's period
+ * one of a second or more (from RATE_PERIODS on: "5/ms" is refused).
+ */
+static const struct {
+	const char *name;
+	uint64_t ns;
+} times[] = {
+	{ "ns", 1 },
+	{ "us", 1000 },
+	{ "ms", 1000000 },
+	{ "s", NS_PER_S },
+	{ "min", 60 * NS_PER_S },
+	{ "h", 3600 * NS_PER_S },
+	{ "d", 86400 * NS_PER_S },
+};
+#define RATE_PERIODS 3
+
+/* The unit of time, from times[first] on, that is all of p: its ns, or 0. */
+static uint64_t read_time(const char *p, size_t first)
+{
+	for (size_t i = first; i < sizeof(times) / sizeof(times[0]); i++)
+		if (strcmp(p, times[i].name) == 0)
+			return times[i].ns;
+	return 0;
+}
+
 /* "/" [count] period, all of the rest of the text; 0 or the period in ns. */
 static u128 read_period(const char *p, const char **bad, bool *wide)
 {
-	static const struct {
-		const char *name;
-		uint64_t ns;
-	} periods[] = {
-		{ "s", NS_PER_S },
-		{ "min", 60 * NS_PER_S },
-		{ "h", 3600 * NS_PER_S },
-		{ "d", 86400 * NS_PER_S },
-	};
 	u128 count = 1; /* "7/3s": a whole multiple of the unit */
 	if (*p >= '1' && *p <= '9') {
 		count = 0;
@@ -132,11 +150,12 @@ static u128 read_period(const char *p, const char **bad, bool *wide)
 			    count > INT64_MAX)
 				*wide = true;
 	}
-	for (size_t i = 0; i < sizeof(periods) / sizeof(periods[0]); i++)
-		if (strcmp(p, periods[i].name) == 0)
-			return *wide ? 1 : count * periods[i].ns; /* wide: refused later */
-	*bad = p;
-	return 0;
+	uint64_t unit = read_time(p, RATE_PERIODS);
+	if (unit == 0) {
+		*bad = p;
+		return 0;
+	}
+	return *wide ? unit : count * unit; /* wide: refused later */
 }
 
 static int refuse(int e, const char *at, const char **end)
@@ -171,18 +190,40 @@ static int parse_rate(struct tokenbucket_limit *lim, const char *text, const str
 	return 0;
 }
 
+/*
+ * A whole count: num / den, the number d read times its units.  -EDOM for
+ * 0 or a fraction, -ERANGE when d did not fit or the count passes max.
+ */
+static int whole(const struct decimal *d, u128 num, u128 den, u128 max, uint64_t *count)
+{
+	if (!d->nonzero)
+		return -EDOM;
+	if (d->wide)
+		return -ERANGE;
+	if (num % den != 0)
+		return -EDOM;
+	if (num / den > max)
+		return -ERANGE;
+	*count = (uint64_t)(num / den);
+	return 0;
+}
+
 int tokenbucket_limit_parse(struct tokenbucket_limit *lim, const char *text, unsigned *flags,
 			    const char **end)
 {
+	const unsigned kinds = TOKENBUCKET_PARSE_BURST | TOKENBUCKET_PARSE_PERIOD;
 	unsigned in = flags != NULL ? *flags : 0;
 	if (lim == NULL || text == NULL)
 		return -EINVAL;
-	if (in & ~(TOKENBUCKET_PARSE_BURST | TOKENBUCKET_PARSE_BYTES))
+	if ((in & ~(kinds | TOKENBUCKET_PARSE_BYTES)) || (in & kinds) == kinds)
 		return refuse(-EINVAL, text, end);
 	/* BYTES is said back only: a caller may pass the flags it got before. */
-	unsigned seen = in & TOKENBUCKET_PARSE_BURST;
+	unsigned seen = in & kinds;
 	bool burst = in & TOKENBUCKET_PARSE_BURST;
-	if (!burst && strcmp(text, "unlimited") == 0) {
+	bool period = in & TOKENBUCKET_PARSE_PERIOD;
+	uint64_t count;
+	int e;
+	if (!burst && !period && strcmp(text, "unlimited") == 0) {
 		*lim = (struct tokenbucket_limit){ 1, 0, TOKENBUCKET_BURST_MAX };
 		goto done;
 	}
@@ -193,6 +234,20 @@ int tokenbucket_limit_parse(struct tokenbucket_limit *lim, const char *text, uns
 	bool wide = false;
 	if (p == NULL)
 		return refuse(-EINVAL, bad, end);
+	if (period) {
+		/* A duration: a number of seconds or of the unit of time after it. */
+		uint64_t unit = *p == '\0' ? NS_PER_S : read_time(p, 0);
+		u128 ns;
+		if (unit == 0)
+			return refuse(-EINVAL, p, end);
+		if (__builtin_mul_overflow(d.num, (u128)unit, &ns))
+			d.wide = true;
+		e = whole(&d, ns, d.den, INT64_MAX, &count);
+		if (e)
+			return refuse(e, text, end);
+		lim->period_ns = (int64_t)count;
+		goto done;
+	}
 	if (!read_prefix(&p, &factor))
 		return refuse(-EINVAL, p, end);
 	unsigned per_token = read_unit(&p, &seen);
@@ -211,18 +266,13 @@ int tokenbucket_limit_parse(struct tokenbucket_limit *lim, const char *text, uns
 	    __builtin_mul_overflow(d.den, (u128)per_token, &den))
 		d.wide = true;
 	if (burst) {
-		if (!d.nonzero)
-			return refuse(-EDOM, text, end);
-		if (d.wide)
-			return refuse(-ERANGE, text, end);
-		if (num % den != 0)
-			return refuse(-EDOM, text, end);
-		if (num / den > TOKENBUCKET_BURST_MAX)
-			return refuse(-ERANGE, text, end);
-		lim->burst = (uint64_t)(num / den);
+		e = whole(&d, num, den, TOKENBUCKET_BURST_MAX, &count);
+		if (e)
+			return refuse(e, text, end);
+		lim->burst = count;
 		goto done;
 	}
-	int e = parse_rate(lim, text, &d, num, den, span_ns, end);
+	e = parse_rate(lim, text, &d, num, den, span_ns, end);
 	if (e)
 		return e;
 done:

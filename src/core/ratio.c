@@ -15,12 +15,21 @@ typedef tb__u128 u128;
 
 u128 tb__gcd(u128 a, u128 b)
 {
-	while (b) {
+	/* Terms only shrink: once both fit 64 bits, 64-bit divisions finish it. */
+	while ((a | b) >> 64) {
+		if (b == 0)
+			return a;
 		u128 t = a % b;
 		a = b;
 		b = t;
 	}
-	return a;
+	uint64_t x = (uint64_t)a, y = (uint64_t)b;
+	while (y) {
+		uint64_t t = x % y;
+		x = y;
+		y = t;
+	}
+	return x;
 }
 
 /* Time differences are taken modulo 2^64: correct for any a >= b. */

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * 1.2: tokenbucket_limit_parse.  Tables of rates and bursts with their
- * exact limits in lowest terms, and of refused texts with the errno and
- * the offset end must point at; the edges of 64, 63 and 128 bits; the
+ * 1.2: tokenbucket_limit_parse.  Tables of rates, bursts and periods
+ * with their exact limits in lowest terms, and of refused texts with the
+ * errno and the offset end must point at; the edges of 64, 63 and 128 bits; the
  * order of errors; and agreement with tokenbucket_limit_from_rate where
  * a decimal rate reads back as its double.
  */
@@ -51,6 +51,7 @@ static const struct {
 	{ "1P/d", 625, 54, 1000000000000000, 0 },
 	{ "1E/s", 1000000000, 1, 1000000000000000000, 0 },
 	{ "16Ei/s", UINT64_C(1) << 55, 1953125, BMAX, 0 }, /* 2^64 a second */
+	{ "36893488147419103232/3s", UINT64_C(1) << 56, 5859375, BMAX, 0 }, /* 2^65 over 3 10^9 */
 	{ "0.1", 1, 10 * NS, 1, 0 },
 	{ "0.001/s", 1, 1000 * NS, 1, 0 },
 	{ "007.50/min", 1, 8 * NS, 7, 0 },
@@ -102,6 +103,9 @@ static const struct bad {
 	{ "5/sec", -EINVAL, 2 },
 	{ "5/m", -EINVAL, 2 },
 	{ "5/ns", -EINVAL, 2 },
+	{ "5/ms", -EINVAL, 2 },                       /* a period is a second or more */
+	{ "5/2us", -EINVAL, 3 },
+	{ "5ms", -EINVAL, 1 },
 	{ "5/s ", -EINVAL, 2 },
 	{ "5/s\n", -EINVAL, 2 },
 	{ "5/ s", -EINVAL, 2 },
@@ -212,19 +216,104 @@ START_TEST(burst_bad)
 }
 END_TEST
 
+static const struct {
+	const char *text;
+	int64_t ns;
+} good_periods[] = {
+	{ "1", NS },          { "1.5", 3 * NS / 2 },  { "1s", NS },          { "500ms", NS / 2 },
+	{ "10us", 10000 },    { "0.5us", 500 },       { "1ns", 1 },          { "2min", 120 * NS },
+	{ "1.5h", 5400 * NS }, { "1d", 86400 * NS },  { "0.000000001", 1 },  { "007.50min", 450 * NS },
+	{ "1.0000000000000000000000000s", NS }, /* 10^34 ns over 10^25 */
+	/* 2^63 - 1 ns, the longest */
+	{ "9223372036854775807ns", INT64_MAX },
+	{ "9223372036.854775807", INT64_MAX },
+	{ "106751d", INT64_C(106751) * 86400 * NS },
+};
+
+/* The period tables in one test each: a process per row costs seconds under valgrind. */
+START_TEST(period_good)
+{
+	for (int i = 0; i < N_OF(good_periods); i++) {
+		const char *t = good_periods[i].text;
+		struct tokenbucket_limit lim = { 42, 43, 44 };
+		unsigned flags = TOKENBUCKET_PARSE_PERIOD;
+		const char *end = NULL;
+		int e = tokenbucket_limit_parse(&lim, t, &flags, &end);
+		ck_assert_msg(e == 0, "%s: %d at \"%s\"", t, e, end ? end : "(null)");
+		ck_assert_msg(lim.period_ns == good_periods[i].ns, "%s: %lld ns, want %lld", t,
+			      (long long)lim.period_ns, (long long)good_periods[i].ns);
+		ck_assert(lim.tokens == 42 && lim.burst == 44); /* the period alone */
+		ck_assert_uint_eq(flags, TOKENBUCKET_PARSE_PERIOD);
+		ck_assert_ptr_eq(end, t + strlen(t));
+	}
+}
+END_TEST
+
+static const struct bad bad_periods[] = {
+	{ "", -EINVAL, 0 },
+	{ "unlimited", -EINVAL, 0 },
+	{ "s", -EINVAL, 0 },
+	{ ".5s", -EINVAL, 0 },
+	{ "-1s", -EINVAL, 0 },
+	{ "5.", -EINVAL, 2 },
+	{ "5.s", -EINVAL, 2 },
+	{ "5sec", -EINVAL, 1 },
+	{ "5m", -EINVAL, 1 },
+	{ "5 s", -EINVAL, 1 },
+	{ "5s ", -EINVAL, 1 },
+	{ "5/s", -EINVAL, 1 },  /* a period, not a rate */
+	{ "5ks", -EINVAL, 1 },  /* no prefix */
+	{ "5Ki", -EINVAL, 1 },
+	{ "5r", -EINVAL, 1 },   /* no unit of tokens */
+	{ "5B", -EINVAL, 1 },
+	{ "1.2.3", -EINVAL, 3 },
+	{ "1e3ms", -EINVAL, 1 },
+	/* syntax before value */
+	{ "0x", -EINVAL, 1 },
+	{ "99999999999999999999999999999999999999999999x", -EINVAL, 44 },
+	{ "0", -EDOM, 0 },
+	{ "0.000ms", -EDOM, 0 },
+	{ "0.5ns", -EDOM, 0 },   /* not a whole number of ns */
+	{ "0.0000000001", -EDOM, 0 },
+	{ "1.0000000001", -EDOM, 0 },
+	{ "0.0000000000000000000000000000001", -EDOM, 0 },
+	{ "9223372036854775808ns", -ERANGE, 0 }, /* 2^63 ns */
+	{ "9223372036.854775808", -ERANGE, 0 },
+	{ "106752d", -ERANGE, 0 },
+	{ "340282366920938463463374607431768211456ns", -ERANGE, 0 }, /* 2^128 */
+	{ "340282366920938463463374607431768211455d", -ERANGE, 0 },  /* times a day: past 128 bits */
+	{ "99999999999999999999999999999999999999999999", -ERANGE, 0 },
+	{ "1.00000000000000000000000000000000s", -ERANGE, 0 }, /* 10^41 ns over 10^32 */
+};
+
+START_TEST(period_bad)
+{
+	for (int i = 0; i < N_OF(bad_periods); i++)
+		check_bad(&bad_periods[i], TOKENBUCKET_PARSE_PERIOD);
+}
+END_TEST
+
 START_TEST(parse_args)
 {
 	struct tokenbucket_limit lim = { 42, 43, 44 };
-	unsigned flags = 0x4;
+	unsigned flags = 0;
 	const char *end = NULL;
 	ck_assert_int_eq(tokenbucket_limit_parse(NULL, "1/s", NULL, &end), -EINVAL);
 	ck_assert_ptr_null(end);
 	ck_assert_int_eq(tokenbucket_limit_parse(&lim, NULL, NULL, &end), -EINVAL);
 	ck_assert_ptr_null(end);
-	/* an unknown flag: refused, whatever the text */
-	ck_assert_int_eq(tokenbucket_limit_parse(&lim, "1/s", &flags, &end), -EINVAL);
-	ck_assert_uint_eq(flags, 0x4);
-	ck_assert(lim.tokens == 42 && lim.period_ns == 43 && lim.burst == 44);
+	/* an unknown flag, or a burst and a period at once: refused, whatever the text */
+	const unsigned refused[] = { 0x8, 0x80000000u,
+				     TOKENBUCKET_PARSE_BURST | TOKENBUCKET_PARSE_PERIOD };
+	const char *one = "1";
+	for (int i = 0; i < N_OF(refused); i++) {
+		flags = refused[i];
+		end = NULL;
+		ck_assert_int_eq(tokenbucket_limit_parse(&lim, one, &flags, &end), -EINVAL);
+		ck_assert_uint_eq(flags, refused[i]);
+		ck_assert_ptr_eq(end, one);
+		ck_assert(lim.tokens == 42 && lim.period_ns == 43 && lim.burst == 44);
+	}
 	/* BYTES is said back only: passed in again, it is ignored */
 	flags = TOKENBUCKET_PARSE_BYTES;
 	ck_assert_int_eq(tokenbucket_limit_parse(&lim, "1/s", &flags, NULL), 0);
@@ -233,6 +322,10 @@ START_TEST(parse_args)
 	ck_assert_int_eq(tokenbucket_limit_parse(&lim, "3", &flags, NULL), 0);
 	ck_assert_uint_eq(flags, TOKENBUCKET_PARSE_BURST);
 	ck_assert_uint_eq(lim.burst, 3);
+	flags = TOKENBUCKET_PARSE_BYTES | TOKENBUCKET_PARSE_PERIOD;
+	ck_assert_int_eq(tokenbucket_limit_parse(&lim, "3ms", &flags, NULL), 0);
+	ck_assert_uint_eq(flags, TOKENBUCKET_PARSE_PERIOD);
+	ck_assert_int_eq(lim.period_ns, 3000000);
 }
 END_TEST
 
@@ -275,6 +368,8 @@ Suite *parse_suite(void)
 	tcase_add_loop_test(tc, rate_bad, 0, N_OF(bad_rates));
 	tcase_add_loop_test(tc, burst_good, 0, N_OF(good_bursts));
 	tcase_add_loop_test(tc, burst_bad, 0, N_OF(bad_bursts));
+	tcase_add_test(tc, period_good);
+	tcase_add_test(tc, period_bad);
 	tcase_add_test(tc, parse_args);
 	tcase_add_test(tc, parse_makes_bucket);
 	tcase_add_test(tc, parse_agrees_with_double);

@@ -23,7 +23,8 @@ static const struct bad {
 } bad_rates[] = {
 	{ "", -EINVAL, "a number must come first" },
 	{ "unlimitedx", -EINVAL, "a number must come first" },
-	{ "5.", -EINVAL, "\"5.\": incomplete" },
+	{ "5.", -EINVAL, "\"5.\": a digit must follow \".\"" },
+	{ "5./s", -EINVAL, "a digit must follow \".\"" },
 	{ "5/", -EINVAL, "incomplete" },
 	{ "5/sec", -EINVAL, "unexpected \"sec\"" },
 	{ "5MiB/s junk", -EINVAL, "unexpected \"s junk\"" },
@@ -105,7 +106,7 @@ static const struct {
 	{ "10us", 10000 },   { "1ns", 1 },           { "2min", 120 * NS },
 	{ "1h", 3600 * NS }, { "1d", 86400 * NS },   { "106751d", INT64_C(106751) * 86400 * NS },
 	{ "0.000000001", 1 }, { "9223372036854775807ns", INT64_MAX },
-	{ "0.5us", 500 },
+	{ "0.5us", 500 }, { "1.0000000000000000000000000s", NS }, { "007.50min", 450 * NS },
 };
 
 START_TEST(duration_good)
@@ -119,12 +120,20 @@ START_TEST(duration_good)
 END_TEST
 
 static const struct bad bad_durations[] = {
-	{ "0", -EINVAL, "must be positive" },
-	{ "0.5ns", -EINVAL, "finer than a nanosecond" },
-	{ "0.0000000001", -EINVAL, "finer than a nanosecond" },
+	{ "0", -EDOM, "must be positive" },
+	{ "0.000ms", -EDOM, "must be positive" },
+	{ "0.5ns", -EDOM, "a whole number of nanoseconds" },
+	{ "0.0000000001", -EDOM, "a whole number of nanoseconds" },
+	{ "0.0000000000000000000000000000001", -EDOM, "a whole number of nanoseconds" },
 	{ "5sec", -EINVAL, "unknown unit \"sec\"" },
 	{ "5 s", -EINVAL, "unknown unit \" s\"" },
 	{ "5.", -EINVAL, "a digit must follow" },
+	{ "5.s", -EINVAL, "a digit must follow" },
+	{ "1.2.3", -EINVAL, "unknown unit \".3\"" },
+	{ "5/s", -EINVAL, "unknown unit \"/s\"" },
+	{ "5ks", -EINVAL, "unknown unit \"ks\"" },
+	{ "unlimited", -EINVAL, "a number must come first" },
+	{ ".5s", -EINVAL, "a number must come first" },
 	{ "106752d", -ERANGE, "too long" },
 	{ "9223372036854775808ns", -ERANGE, "too long" },
 	{ "99999999999999999999999999999999999999999999", -ERANGE, "too long" },

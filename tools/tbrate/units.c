@@ -1,14 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tbrate's quantities (units.h): the library reads rates and bursts, this
- * file says what was wrong in tbrate's words, reads the deadline and
- * shows a rate.
+ * tbrate's quantities (units.h): the library reads rates, bursts and the
+ * deadline, this file says what was wrong in tbrate's words and shows a
+ * rate.
  */
 #include <errno.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
-#include <string.h>
 
 #include "units.h"
 
@@ -33,6 +32,8 @@ static int syntax(char *err, const char *s, const char *end)
 {
 	if (end == s)
 		return fail(err, -EINVAL, "\"%.100s\": a number must come first", s);
+	if (end[-1] == '.')
+		return fail(err, -EINVAL, "\"%.100s\": a digit must follow \".\"", s);
 	if (*end == '\0')
 		return fail(err, -EINVAL, "\"%.100s\": incomplete", s);
 	return fail(err, -EINVAL, "\"%.100s\": unexpected \"%.40s\"", s, end);
@@ -72,50 +73,21 @@ int tbrate_parse_size(const char *s, uint64_t max, uint64_t *out, char err[TBRAT
 
 int tbrate_parse_duration(const char *s, int64_t *out_ns, char err[TBRATE_ERR_SIZE])
 {
-	static const struct {
-		const char *name;
-		uint64_t ns;
-	} units[] = {
-		{ "", NS_PER_S },        { "ns", 1 },
-		{ "us", 1000 },          { "ms", 1000000 },
-		{ "s", NS_PER_S },       { "min", 60 * NS_PER_S },
-		{ "h", 3600 * NS_PER_S }, { "d", 86400 * NS_PER_S },
-	};
-	/* ns = digits * unit / 10^decimals, kept exact; past 2^63 it is too long. */
-	u128 digits = 0, scale = 1;
-	bool point = false, wide = false;
-	const char *p = s;
-	if (*p < '0' || *p > '9')
-		return fail(err, -EINVAL, "\"%.100s\": a number must come first", s);
-	for (; (*p >= '0' && *p <= '9') || (*p == '.' && !point); p++) {
-		if (*p == '.') {
-			if (p[1] < '0' || p[1] > '9')
-				return fail(err, -EINVAL, "\"%.100s\": a digit must follow \".\"", s);
-			point = true;
-			continue;
-		}
-		if (digits > INT64_MAX || scale > INT64_MAX) {
-			wide = true; /* further digits change nothing but the verdict */
-			continue;
-		}
-		digits = digits * 10 + (unsigned)(*p - '0');
-		if (point)
-			scale *= 10;
-	}
-	size_t u = 0;
-	while (u < sizeof(units) / sizeof(units[0]) && strcmp(units[u].name, p) != 0)
-		u++;
-	if (u == sizeof(units) / sizeof(units[0]))
-		return fail(err, -EINVAL,
-			    "\"%.100s\": unknown unit \"%.20s\" (ns, us, ms, s, min, h or d)", s, p);
-	u128 ns = digits * units[u].ns;
-	if (wide || ns / scale > INT64_MAX)
-		return fail(err, -ERANGE, "\"%.100s\": too long or too fine", s);
-	if (ns % scale != 0)
-		return fail(err, -EINVAL, "\"%.100s\": finer than a nanosecond", s);
-	if (ns == 0)
-		return fail(err, -EINVAL, "\"%.100s\": must be positive", s);
-	*out_ns = (int64_t)(ns / scale);
+	unsigned flags = TOKENBUCKET_PARSE_PERIOD;
+	const char *end = s;
+	struct tokenbucket_limit lim;
+	int e = tokenbucket_limit_parse(&lim, s, &flags, &end);
+	if (e == -EINVAL && end > s && end[-1] != '.')
+		return fail(err, e, "\"%.100s\": unknown unit \"%.20s\" (ns, us, ms, s, min, h or d)",
+			    s, end);
+	if (e == -EINVAL)
+		return syntax(err, s, end);
+	if (e == -EDOM)
+		return fail(err, e, "\"%.100s\": must be positive and a whole number of nanoseconds",
+			    s);
+	if (e)
+		return fail(err, e, "\"%.100s\": too long or too fine", s);
+	*out_ns = lim.period_ns;
 	return 0;
 }
 

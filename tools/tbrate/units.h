@@ -1,11 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tbrate's quantities.  Rates and bursts are read by the library,
- * tokenbucket_limit_parse(3), whose grammar they follow; what is tbrate's
- * own is the messages, the deadline's duration and the rate shown.
- *
- *   duration := number [ "ns" | "us" | "ms" | "s" | "min" | "h" | "d" ]
- *   number   := digits [ "." digits ]            (no sign, no exponent)
+ * tbrate's quantities.  Rates, bursts and the deadline's duration are
+ * read by the library, tokenbucket_limit_parse(3), whose grammar they
+ * follow; what is tbrate's own is the messages and the rate shown.
  *
  * The functions write no output; on failure they return a negative errno
  * and a message naming the bad part in err.
