@@ -29,14 +29,15 @@
 -- Each table is bounded: past 256 entries it starts again empty.  So the
 -- common call checks no pattern and reads no number from a string but
 -- TIME's microseconds, and on a hot key does not parse the value it wrote
--- the call before.  The arithmetic is the script's common case, line for
--- line, products past 2^53 included: the library's builder puts the
--- script's function muldiv at the top of the library, where this file
--- finds it (function-library.sh); a value is written with one
--- format of two integers and one concatenation, a "tbs1" value with one
--- format.  A call handed to the script after TIME and GET has
--- written nothing: the script reads both again and decides it at its own
--- TIME, as if it came a few microseconds later.
+-- the call before.  The arithmetic is the script's common case's own
+-- text: the build puts in place of each line "-- @shared NAME" below the
+-- script's lines marked as region NAME (function-library.sh), muldiv for
+-- products past 2^53 included, so the names a region uses are this file's
+-- too.  A value is written with one format of two integers and one
+-- concatenation, a "tbs1" value with one format.  A call handed to the
+-- script after TIME and GET has written nothing: the script reads both
+-- again and decides it at its own TIME, as if it came a few microseconds
+-- later.
 
 local find, match, format, fmod, unpk -- bound at the first call: a library's load sees no "string"
 local wide -- %d writes every integer below 2^53 (a C long of 64 bits); set with them
@@ -47,6 +48,8 @@ local nss, nns = {}, 0
 local secs = {}
 local msm, nms = {}, 0
 local mv, m1, m2, m3, m4, m5
+
+-- @shared muldiv
 
 -- The call's configuration as the script's common case checks it (digits,
 -- from 1, no leading 0, each below 10^15), memoized.
@@ -111,8 +114,8 @@ end
 -- A stored value as the script's common case reads it, kept as the last
 -- one; false for one it leaves to the general path.
 local function parse(stored)
-	local sh, sl, l, r, sc = match(stored,
-		"^tb1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (.*)$")
+	local sh, sl, l, r, sc
+	-- @shared value
 	if not sh or #l > 16 or #r > 15 then
 		return false
 	end
@@ -128,11 +131,7 @@ end
 
 -- w ns from (th, tl), or -1 if that is at or past INT64_MAX (never).
 local function later(w, th, tl)
-	local wr = fmod(w, BIL)
-	local h, lo = th + (w - wr) / BIL, tl + wr
-	if lo >= BIL then
-		h, lo = h + 1, lo - BIL
-	end
+	-- @shared later
 	if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
 		return -1
 	end
@@ -174,11 +173,7 @@ local function wait(d, p, q, rem, th, tl)
 	if w >= LIM then
 		return false
 	end
-	local wr = fmod(w, BIL)
-	local h, lo = th + (w - wr) / BIL, tl + wr
-	if lo >= BIL then
-		h, lo = h + 1, lo - BIL
-	end
+	-- @shared later
 	if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
 		return -1
 	end
@@ -221,7 +216,8 @@ end
 -- one; false for one it leaves to the general path.
 local function parse_all(stored)
 	av = nil
-	local sh, sl, pos = match(stored, "^tbs1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)()")
+	local sh, sl, pos
+	-- @shared values
 	if not sh then
 		return false
 	end
@@ -231,7 +227,7 @@ local function parse_all(stored)
 	end
 	local i, len = 1, #stored
 	while pos <= len do
-		local l, r, c, e = match(stored, "^ (%d+) (%d+) ([1-9]%d* [1-9]%d* [1-9]%d*)()", pos)
+		-- @shared values-limit
 		if not l or #l > 15 or #r > 15 or i > 48 then
 			return false
 		end
@@ -314,21 +310,7 @@ local function all(KEYS, ARGV)
 			if at[k + 1] ~= c[4] or rem >= q or lv > sb then
 				return script(KEYS, ARGV)
 			end
-			local x = dt * p + rem
-			local got
-			if x < LIM then
-				rem = fmod(x, q)
-				got = (x - rem) / q
-			else
-				-- Past 2^53 (10^9 an hour does it in 9 ms).
-				got, rem = muldiv(dt, p, rem, q)
-			end
-			if lv < sb then
-				lv = lv + got
-				if lv > sb then
-					lv = sb
-				end
-			end
+			-- @shared refill-all
 		end
 		lv = lv - n
 		nat[k - 1], nat[k], nat[k + 1] = lv, rem, c[4]
@@ -392,11 +374,7 @@ local function all(KEYS, ARGV)
 	end
 	at, nat = nat, at
 	if not ts then
-		-- TIME's microseconds, without leading zeros, to 9 digits.
-		local us = tm[2]
-		local k = #us
-		ts = tm[1] .. (k == 6 and "" or k == 5 and "0" or k == 4 and "00" or k == 3 and "000"
-			or k == 2 and "0000" or "00000") .. us .. "000"
+		-- @shared time-text
 	end
 	-- The value in one format, from at, which so becomes what parse_all
 	-- would read from it (if its clock has 19 digits): %d where a C long
@@ -422,8 +400,8 @@ local function all(KEYS, ARGV)
 	end
 	av, ah, al, an = th >= 1000000000 and value or nil, th, tl, m
 	-- ns up, to ms, a second more
-	local ms = (wf + 999999) / 1000000
-	ms = ms - ms % 1 + 1000
+	local ms
+	-- @shared expiry
 	redis.call("SET", key, value, "PX", msm[ms] or msstr(ms))
 	return { 1, index - 1, low, 0, wf }
 end
@@ -493,20 +471,7 @@ local function call(KEYS, ARGV)
 	if dh >= 9007198 then
 		return script(KEYS, ARGV)
 	end
-	local dt = dh * BIL + (tl - l0)
-	local x, got = dt * p + rem, nil
-	if x < LIM then
-		rem = fmod(x, q)
-		got = (x - rem) / q
-	else
-		got, rem = muldiv(dt, p, rem, q)
-	end
-	if lv < sb then
-		lv = lv + got
-		if lv > sb then
-			lv = sb
-		end
-	end
+	-- @shared refill
 	-- When n tokens are there: w ns from t (-1: never).
 	local w = 0
 	local d = n - lv
@@ -530,8 +495,7 @@ local function call(KEYS, ARGV)
 			ms = false
 		else
 			-- ns up, to ms, a second more
-			ms = (wf + 999999) / 1000000
-			ms = ms - ms % 1 + 1000
+			-- @shared expiry
 		end
 	end
 	-- Refused on the server's clock: nothing to write (the script's "Refusals
@@ -546,16 +510,10 @@ local function call(KEYS, ARGV)
 	else
 		tail = format(" %.0f %.0f ", lv, rem)
 	end
-	local value
-	if ts then
-		value = "tb1 " .. ts .. tail .. c[4]
-	else
-		-- TIME's microseconds, without leading zeros, to 9 digits.
-		local us = tm[2]
-		local k = #us
-		value = "tb1 " .. tm[1] .. (k == 6 and "" or k == 5 and "0" or k == 4 and "00" or k == 3 and "000"
-			or k == 2 and "0000" or "00000") .. us .. "000" .. tail .. c[4]
+	if not ts then
+		-- @shared time-text
 	end
+	local value = "tb1 " .. ts .. tail .. c[4]
 	-- Kept as parse would read it: a clock of 19 digits.
 	if th >= 1000000000 then
 		mv, m1, m2, m3, m4, m5 = value, th, tl, lv, rem, c[4]

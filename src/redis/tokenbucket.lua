@@ -38,6 +38,10 @@
 -- stays below 2^53, so each limb step is exact.  The common case never
 -- needs them: it runs first, in doubles, and hands anything larger to the
 -- general path.
+--
+-- The lines between "-- @shared begin NAME" and "-- @shared end" are also
+-- the Redis 7 function library's, which the build takes from here
+-- (function-library.sh): the names they use are its names too.
 
 local floor, fmod, format, tonumber = math.floor, math.fmod, string.format, tonumber
 local find, match = string.find, string.match
@@ -54,6 +58,7 @@ local BIL = 1000000000
 -- halves.  Every step's bound is in docs/redis.md, "Past 2^53 in
 -- doubles".  It uses no upvalue, so that making it costs a call no more
 -- than a table; the function library takes this text as it is.
+-- @shared begin muldiv
 local function muldiv(A, M, c, D)
 	local T, fmod = 67108864, math.fmod -- 2^26
 	local a0, m0, D0 = A % T, M % T, D % T
@@ -94,6 +99,7 @@ local function muldiv(A, M, c, D)
 	end
 	return g, r
 end
+-- @shared end
 
 -- ---- The call -------------------------------------------------------------------
 
@@ -188,8 +194,10 @@ if common then
 			-- (a variable-length head costs more than the rest of the match),
 			-- and with no leading 0, so that sh .. sl is its decimal.
 			local l, r, sc
+			-- @shared begin value
 			sh, sl, l, r, sc = match(stored,
 				"^tb1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d) (%-?%d+) (%d+) (.*)$")
+			-- @shared end
 			if not sh or sc ~= cfg or #l > 16 or #r > 15 then
 				break
 			end
@@ -217,6 +225,7 @@ if common then
 		end
 		-- got: the tokens made since the clock, 2^53 for as many or more
 		-- (more than a burst, then).
+		-- @shared begin refill
 		local dt = dh * BIL + (tl - l0)
 		local x, got = dt * p + rem, nil
 		if x < LIM then
@@ -231,6 +240,7 @@ if common then
 				lv = sb
 			end
 		end
+		-- @shared end
 		-- When n tokens are there: w ns from t (false: never), h, lo as a time.
 		-- The least w with w p >= d q - rem; fmod is exact, and so then is
 		-- the division of what it leaves.  Past 2^53, d q - rem is
@@ -252,11 +262,13 @@ if common then
 			if m > 0 then
 				w = w + 1
 			end
+			-- @shared begin later
 			local wr = fmod(w, BIL)
 			local h, lo = th + (w - wr) / BIL, tl + wr
 			if lo >= BIL then
 				h, lo = h + 1, lo - BIL
 			end
+			-- @shared end
 			if h > 9223372036 or (h == 9223372036 and lo >= 854775807) then
 				w = false
 			end
@@ -311,8 +323,10 @@ if common then
 				wf, ms = false, false
 			else
 				-- ns up, to ms, a second more (below 2^53 / 10^6: %.14g is exact)
+				-- @shared begin expiry
 				ms = (wf + 999999) / 1000000
 				ms = ms - ms % 1 + 1000
+				-- @shared end
 			end
 		end
 		-- Refused for want of tokens on the server's clock: nothing to write
@@ -323,11 +337,13 @@ if common then
 		end
 		if not ts then
 			if tm then
+				-- @shared begin time-text
 				-- TIME's microseconds, without leading zeros, to 9 digits.
 				local us = tm[2]
 				local k = #us
 				ts = tm[1] .. (k == 6 and "" or k == 5 and "0" or k == 4 and "00" or k == 3 and "000"
 					or k == 2 and "0000" or "00000") .. us .. "000"
+				-- @shared end
 			else
 				ts = ARGV[2]
 			end
@@ -384,7 +400,9 @@ if quick then
 		-- The stored clock (h0, l0), in decimal sh .. sl, and where its limits start.
 		local h0, l0, sh, sl, pos = th, tl
 		if stored then
+			-- @shared begin values
 			sh, sl, pos = match(stored, "^tbs1 ([1-9]%d%d%d%d%d%d%d%d%d)(%d%d%d%d%d%d%d%d%d)()")
+			-- @shared end
 			if not sh then
 				break
 			end
@@ -413,7 +431,9 @@ if quick then
 			if stored then
 				-- A configuration of digits with no leading zero equal to the
 				-- call's: so the call's is that too.
+				-- @shared begin values-limit
 				local l, r, c, e = match(stored, "^ (%d+) (%d+) ([1-9]%d* [1-9]%d* [1-9]%d*)()", pos)
+				-- @shared end
 				if not l or c ~= cfg or #l > 15 or #r > 15 then
 					fail = true
 					break
@@ -431,6 +451,7 @@ if quick then
 				fail = true
 				break
 			end
+			-- @shared begin refill-all
 			local x = dt * p + rem
 			local got
 			if x < LIM then
@@ -446,6 +467,7 @@ if quick then
 					lv = sb
 				end
 			end
+			-- @shared end
 			if not short and lv < n then
 				short = i
 			end
