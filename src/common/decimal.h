@@ -9,12 +9,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include <string.h>
 
 /*
  * v's digits written backwards, the last just before end: returns where
  * they start, at most 20 characters before end.  For a text that stays
- * where it is written (the nginx module's headers); put_u64 copies it.
+ * where it is written (the nginx module's headers); put_u64 on it.
  */
 static inline char *put_u64_back(char *end, uint64_t v)
 {
@@ -42,13 +41,20 @@ static inline char *put_u64_back(char *end, uint64_t v)
 /* Each writes at most 20 characters (21 with a sign) and returns how many. */
 static inline size_t put_u64(char *d, uint64_t v)
 {
-	char t[20];
-	char *p = put_u64_back(t + sizeof(t), v);
-	size_t n = (size_t)(t + sizeof(t) - p);
-	/* What put_u64_back promises, told to the compiler: memcpy of at most 20 is inlined. */
-	if (n > sizeof(t))
-		__builtin_unreachable();
-	memcpy(d, p, n);
+	static const uint64_t p10[20] = {
+		1ULL, 10ULL, 100ULL, 1000ULL, 10000ULL, 100000ULL, 1000000ULL, 10000000ULL,
+		100000000ULL, 1000000000ULL, 10000000000ULL, 100000000000ULL, 1000000000000ULL,
+		10000000000000ULL, 100000000000000ULL, 1000000000000000ULL, 10000000000000000ULL,
+		100000000000000000ULL, 1000000000000000000ULL, 10000000000000000000ULL,
+	};
+	/*
+	 * The digits counted first, so that they are written in place: v below
+	 * 2^bits has t = bits * 1233 >> 12 (bits log10(2), floored) of them, or
+	 * t + 1 from 10^t on.
+	 */
+	unsigned t = (unsigned)(64 - __builtin_clzll(v | 1)) * 1233 >> 12;
+	size_t n = t + ((v | 1) >= p10[t]);
+	put_u64_back(d + n, v);
 	return n;
 }
 
