@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "async_hook.h"
 #include "cluster.h"
 #include "fallback.h"
 
@@ -32,12 +33,6 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
 		    const struct tokenbucket_redis_loop *loop);
 
 /*
- * Calls started between the two (tokenbucket_redis_async_start) are
- * appended only, and sent together by _end, which writes what may go at
- * once rather than on the loop's next turn.  Callbacks may run in _end.
- * For the I/O thread of bridge.c, which starts a queue of calls at a time.
- */
-/*
  * For a fork()ed child only: frees the engine a thread of the parent was
  * running (not within one of its frames: bridge.c sees to that) with the
  * calls in flight, and runs none of their callbacks (their waiters and
@@ -45,28 +40,18 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
  */
 void tbr__async_forget(struct tokenbucket_redis_async *a);
 
-/*
- * Something on an engine's loop with times of its own (a lease of the
- * asynchronous client, lease_async.c).  fire() runs from
- * tokenbucket_redis_async_timeout once tokenbucket_now() reaches due
- * (due is INT64_MAX again when it runs; it may set another, start calls
- * and add or remove hooks).  end() runs once, from the engine's close,
- * before the calls in flight are cancelled; the hook is removed then.
- * Loop thread only, like the engine.
- */
-struct tbr__async_hook {
-	int64_t due;
-	void (*fire)(struct tbr__async_hook *h);
-	void (*end)(struct tbr__async_hook *h);
-	struct tbr__async_hook *prev, *next;
-	bool pending; /* due in the _timeout running now */
-};
-/* due starts at INT64_MAX. */
+/* Hooks (async_hook.h): due starts at INT64_MAX. */
 void tbr__async_hook_add(struct tokenbucket_redis_async *a, struct tbr__async_hook *h);
 void tbr__async_hook_remove(struct tokenbucket_redis_async *a, struct tbr__async_hook *h);
 /* Sets h->due and arms the loop's timer for it (at once outside the library's frames). */
 void tbr__async_hook_due(struct tokenbucket_redis_async *a, struct tbr__async_hook *h,
 			 int64_t due);
+/*
+ * Calls started between the two (tokenbucket_redis_async_start) are
+ * appended only, and sent together by _end, which writes what may go at
+ * once rather than on the loop's next turn.  Callbacks may run in _end.
+ * For the I/O thread of bridge.c, which starts a queue of calls at a time.
+ */
 void tbr__async_batch_begin(struct tokenbucket_redis_async *a);
 void tbr__async_batch_end(struct tokenbucket_redis_async *a);
 

@@ -12,7 +12,6 @@
 
 #include "decimal.h"
 #include "internal.h"
-#include "sigpipe.h"
 
 static const char *const op_names[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
 

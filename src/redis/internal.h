@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libtokenbucket-redis's codec: the script, a call's arguments and its
- * reply.  The lowest layer (pool.h and cluster.h build on it); nothing here
- * is exported.
+ * reply, and the bounds a server's bytes are held to.  The lowest layer
+ * (pool.h and cluster.h build on it); nothing here is exported.
  */
 #ifndef TOKENBUCKET_REDIS_INTERNAL_H
 #define TOKENBUCKET_REDIS_INTERNAL_H
@@ -110,5 +110,35 @@ int tbr__error(const char *str, size_t len);
 int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep,
 		struct tokenbucket_result *res, struct tokenbucket_reservation *rv,
 		double *tokens);
+
+/*
+ * Bounds on what a server may send, checked on the bytes before hiredis
+ * reads them (bounds.c): hiredis 0.14 allocates a multi-bulk's elements
+ * when its count comes (2^31 - 1 of them: 16 GiB) and buffers a bulk
+ * string or a line until it ends.  Counted over a whole reply, as each
+ * element costs an allocation however few bytes it takes.  No reply of
+ * the library's calls comes near these: the largest, CLUSTER SLOTS, has
+ * at most 16384 ranges of a few short fields each.
+ */
+#define TBR__REPLY_COUNT_MAX (1u << 18)  /* elements of one reply, its multi-bulks' together */
+#define TBR__REPLY_STRING_MAX 65536      /* bytes of one bulk string or line */
+#define TBR__REPLY_BYTES_MAX (8u << 20)  /* bytes of one whole reply */
+/* A connection's scan of the replies it read so far: zero it with the connection. */
+struct tbr__bound {
+	uint64_t skip;    /* bytes of a bulk string's body still to come (its CRLF included) */
+	uint64_t pending; /* items the reply begun still needs (0: between replies) */
+	uint64_t bytes;   /* bytes of the reply begun so far */
+	uint64_t elements; /* and elements */
+	uint64_t line;    /* bytes of the line begun so far */
+	char head[24];    /* its first bytes: the type and a count or length */
+	bool cr;          /* the last byte of the line was CR */
+	bool bad;         /* a bound was passed: nothing after it is read */
+};
+/*
+ * Scans len more bytes of a connection's stream: len when they stay
+ * within the bounds, else how many of them come before the line that
+ * passed one (b->bad is then set, and stays).
+ */
+size_t tbr__bound_scan(struct tbr__bound *b, const char *buf, size_t len);
 
 #endif

@@ -3,7 +3,7 @@
  * Redis Sentinel (sentinel.c): the sentinels of a URL and the primary
  * they name.  Below the pool (pool.c), which asks it for the primary's
  * address each time it opens a connection, and below the asynchronous
- * engine (async.c), which asks the same question on non-blocking
+ * engine (async_conn.c), which asks the same question on non-blocking
  * connections of its own with the parts below.  Not exported.
  */
 #ifndef TOKENBUCKET_REDIS_SENTINEL_H

@@ -14,6 +14,8 @@
 
 #include <hiredis/hiredis.h>
 
+#include "internal.h"
+
 /*
  * hiredis writes with write(2): a peer that went away would raise SIGPIPE
  * and kill the process.  The library blocks it in the calling thread around
@@ -37,36 +39,6 @@ void tbr__sigpipe_restore(struct tbr__sigpipe *s);
  * hiredis sets it.
  */
 int tbr__write_nosignal(redisContext *c);
-/*
- * Bounds on what a server may send, checked on the bytes before hiredis
- * reads them: hiredis 0.14 allocates a multi-bulk's elements when its
- * count comes (2^31 - 1 of them: 16 GiB) and buffers a bulk string or a
- * line until it ends.  Counted over a whole reply, as each element
- * costs an allocation however few bytes it takes.  No reply of the
- * library's calls comes near these: the largest, CLUSTER SLOTS, has at
- * most 16384 ranges of a few short fields each.
- */
-#define TBR__REPLY_COUNT_MAX (1u << 18)  /* elements of one reply, its multi-bulks' together */
-#define TBR__REPLY_STRING_MAX 65536      /* bytes of one bulk string or line */
-#define TBR__REPLY_BYTES_MAX (8u << 20)  /* bytes of one whole reply */
-/* A connection's scan of the replies it read so far: zero it with the connection. */
-struct tbr__bound {
-	uint64_t skip;    /* bytes of a bulk string's body still to come (its CRLF included) */
-	uint64_t pending; /* items the reply begun still needs (0: between replies) */
-	uint64_t bytes;   /* bytes of the reply begun so far */
-	uint64_t elements; /* and elements */
-	uint64_t line;    /* bytes of the line begun so far */
-	char head[24];    /* its first bytes: the type and a count or length */
-	bool cr;          /* the last byte of the line was CR */
-	bool bad;         /* a bound was passed: nothing after it is read */
-};
-/*
- * Scans len more bytes of a connection's stream: len when they stay
- * within the bounds, else how many of them come before the line that
- * passed one (b->bad is then set, and stays).
- */
-size_t tbr__bound_scan(struct tbr__bound *b, const char *buf, size_t len);
-
 /*
  * Reads one reply from blocking c by deadline (tokenbucket_now()'s
  * clock).  hiredis bounds each read() by the socket timeout, not the

@@ -24,7 +24,6 @@
 
 #include "internal.h"
 #include "sentinel.h"
-#include "sigpipe.h"
 #include "slots.h"
 
 #ifdef FUZZ_REPLAY_MAIN

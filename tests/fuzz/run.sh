@@ -87,8 +87,9 @@ if pkg-config --exists hiredis; then
 	echo "building $build/fuzz_redis with $CC"
 	# shellcheck disable=SC2086
 	$CC $cflags -I"$top/src/redis" $(pkg-config --cflags hiredis) -o "$build/fuzz_redis" \
-		"$here/fuzz_redis.c" "$top"/src/redis/codec.c "$top"/src/redis/slots.c \
-		"$top"/src/redis/sentinel.c "$top"/src/redis/sigpipe.c "$top"/src/core/*.c \
+		"$here/fuzz_redis.c" "$top"/src/redis/codec.c "$top"/src/redis/bounds.c \
+		"$top"/src/redis/slots.c "$top"/src/redis/sentinel.c "$top"/src/redis/sigpipe.c \
+		"$top"/src/core/*.c \
 		$(pkg-config --libs hiredis) -lm -lpthread
 	fuzz_corpus fuzz_redis "${REDIS_SECONDS:-30}" corpus-redis redis-
 elif [ -n "${TOKENBUCKET_NO_SKIP:-}" ]; then
