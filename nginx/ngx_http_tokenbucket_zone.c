@@ -180,6 +180,23 @@ static char *ngx_http_tokenbucket_cstr(ngx_conf_t *cf, ngx_str_t *v, size_t skip
 	return s;
 }
 
+/* The value after "name=" as a share in (0, 1] into *out; the reason otherwise. */
+static char *ngx_http_tokenbucket_share(ngx_conf_t *cf, ngx_str_t *v, size_t skip,
+					const char *what, const char *why, double *out)
+{
+	char *s = ngx_http_tokenbucket_cstr(cf, v, skip), *end;
+	double x;
+
+	if (s == NULL)
+		return NGX_CONF_ERROR;
+	errno = 0;
+	x = strtod(s, &end);
+	if (errno != 0 || end == s || *end != '\0' || !(x > 0) || x > 1)
+		return ngx_http_tokenbucket_param(cf, v, what, why);
+	*out = x;
+	return NGX_CONF_OK;
+}
+
 /*
  * The value after "name=" read by tokenbucket_limit_parse into *lim: a rate
  * with flags 0, else (TOKENBUCKET_PARSE_BURST) a whole number of at most
@@ -373,7 +390,6 @@ char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 	ngx_uint_t i, t, nbursts = 0;
 	uint64_t amount[NGX_HTTP_TB_RATES_MAX]; /* each rate's, as written */
 	size_t room;
-	char *s;
 	u_char *colon;
 	struct tokenbucket_limit lim;
 
@@ -449,15 +465,9 @@ char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 				z->fallback = 0;
 				continue;
 			}
-			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 9)) == NULL)
+			if (ngx_http_tokenbucket_share(cf, &v, 9, "fallback", "a share in (0, 1], or off",
+						       &z->fallback) != NGX_CONF_OK)
 				return NGX_CONF_ERROR;
-			char *end;
-			errno = 0;
-			z->fallback = strtod(s, &end);
-			if (errno != 0 || end == s || *end != '\0' || !(z->fallback > 0) ||
-			    z->fallback > 1)
-				return ngx_http_tokenbucket_param(cf, &v, "fallback",
-								  "a share in (0, 1], or off");
 			continue;
 		}
 		if (ngx_strncmp(v.data, "timeout=", 8) == 0) {
@@ -479,15 +489,10 @@ char *ngx_http_tokenbucket_zone(ngx_conf_t *cf, ngx_command_t *cmd, void *conf)
 			continue;
 		}
 		if (ngx_strncmp(v.data, "lease_share=", 12) == 0) {
-			if ((s = ngx_http_tokenbucket_cstr(cf, &v, 12)) == NULL)
+			if (ngx_http_tokenbucket_share(cf, &v, 12, "lease_share",
+						       "a share of the burst in (0, 1]",
+						       &z->lease_share) != NGX_CONF_OK)
 				return NGX_CONF_ERROR;
-			char *end;
-			errno = 0;
-			z->lease_share = strtod(s, &end);
-			if (errno != 0 || end == s || *end != '\0' || !(z->lease_share > 0) ||
-			    z->lease_share > 1)
-				return ngx_http_tokenbucket_param(cf, &v, "lease_share",
-								  "a share of the burst in (0, 1]");
 			continue;
 		}
 		if (ngx_strncmp(v.data, "lease_hot=", 10) == 0 ||
