@@ -47,7 +47,12 @@ extern "C" {
 
 struct tokenbucket_redis;
 
-/* A key's configuration: tokens per period_ns (tokens 0: rate 0), and burst. */
+/*
+ * A key's configuration as the 1.0 and 1.1 functions take it: tokens per
+ * period_ns (tokens 0: rate 0), and burst.  Its layout is that of struct
+ * tokenbucket_limit, which every function since 1.2 takes (the library
+ * asserts that the two match).
+ */
 struct tokenbucket_redis_limit {
 	uint64_t tokens;
 	int64_t period_ns;
@@ -221,10 +226,10 @@ TOKENBUCKET_API int tokenbucket_redis_cancel_at(struct tokenbucket_redis *r, con
  */
 TOKENBUCKET_API int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key,
 					     size_t keylen,
-					     const struct tokenbucket_redis_limit *lim, uint64_t n);
+					     const struct tokenbucket_limit *lim, uint64_t n);
 TOKENBUCKET_API int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key,
 						size_t keylen,
-						const struct tokenbucket_redis_limit *lim,
+						const struct tokenbucket_limit *lim,
 						int64_t now, uint64_t n);
 /*
  * Go's TokensAt: *tokens is the level (negative in debt, fractional where
@@ -287,12 +292,12 @@ TOKENBUCKET_API int tokenbucket_redis_wait(struct tokenbucket_redis *r, const vo
  */
 TOKENBUCKET_API int tokenbucket_redis_allow_all(struct tokenbucket_redis *r, const void *key,
 						size_t keylen,
-						const struct tokenbucket_redis_limit *limits,
+						const struct tokenbucket_limit *limits,
 						size_t count, uint64_t n,
 						struct tokenbucket_set_result *res);
 TOKENBUCKET_API int tokenbucket_redis_allow_all_at(struct tokenbucket_redis *r, const void *key,
 						   size_t keylen,
-						   const struct tokenbucket_redis_limit *limits,
+						   const struct tokenbucket_limit *limits,
 						   size_t count, int64_t now, uint64_t n,
 						   struct tokenbucket_set_result *res);
 
@@ -331,7 +336,7 @@ struct tokenbucket_redis_lease;
 TOKENBUCKET_API int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp,
 						 struct tokenbucket_redis *r, const void *key,
 						 size_t keylen,
-						 const struct tokenbucket_redis_limit *lim,
+						 const struct tokenbucket_limit *lim,
 						 double share, int64_t window_ns);
 /*
  * Since 1.2.  Go's AllowN on the lease's key, decided locally from the
@@ -587,12 +592,12 @@ typedef void tokenbucket_redis_set_done_fn(void *arg, int err,
  */
 TOKENBUCKET_API int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a,
 						      const void *key, size_t keylen,
-						      const struct tokenbucket_redis_limit *limits,
+						      const struct tokenbucket_limit *limits,
 						      size_t count, uint64_t n,
 						      tokenbucket_redis_set_done_fn *done, void *arg);
 TOKENBUCKET_API int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a,
 							 const void *key, size_t keylen,
-							 const struct tokenbucket_redis_limit *limits,
+							 const struct tokenbucket_limit *limits,
 							 size_t count, int64_t now, uint64_t n,
 							 tokenbucket_redis_set_done_fn *done,
 							 void *arg);
@@ -623,7 +628,7 @@ TOKENBUCKET_API void tokenbucket_redis_async_timeout(struct tokenbucket_redis_as
 TOKENBUCKET_API int tokenbucket_redis_async_lease_open(struct tokenbucket_redis_lease **lp,
 						       struct tokenbucket_redis_async *a,
 						       const void *key, size_t keylen,
-						       const struct tokenbucket_redis_limit *lim,
+						       const struct tokenbucket_limit *lim,
 						       double share, int64_t window_ns);
 
 #ifdef __cplusplus

@@ -245,12 +245,7 @@ static int ngx_http_tokenbucket_ask(ngx_http_request_t *r, ngx_http_tokenbucket_
 	p->engine = e;
 	if (z->nrates > 1) {
 		/* The location's last limit, without delay (merge_conf): all rates or none. */
-		struct tokenbucket_redis_limit lim[NGX_HTTP_TB_RATES_MAX];
-		for (ngx_uint_t t = 0; t < z->nrates; t++)
-			lim[t] = (struct tokenbucket_redis_limit){ z->rate[t].tokens,
-								   z->rate[t].period_ns,
-								   z->rate[t].burst };
-		rc = tokenbucket_redis_async_allow_all(e->async, call.key, call.keylen, lim,
+		rc = tokenbucket_redis_async_allow_all(e->async, call.key, call.keylen, z->rate,
 						       z->nrates, call.n,
 						       ngx_http_tokenbucket_reply_all, p);
 	} else {

@@ -55,7 +55,7 @@ struct worker {
 /* 1000 tokens per second, burst 100: the hot key refuses most calls. */
 static const struct tokenbucket_redis_limit limit = { .tokens = 1, .period_ns = 1000000, .burst = 100 };
 /* async2: that limit and an hourly quota that rarely refuses. */
-static const struct tokenbucket_redis_limit limits2[2] = {
+static const struct tokenbucket_limit limits2[2] = {
 	{ .tokens = 1, .period_ns = 1000000, .burst = 100 },
 	{ .tokens = 1000000, .period_ns = 3600000000000, .burst = 1000000 },
 };

@@ -476,7 +476,7 @@ static uint32_t pin_of(const char *key, size_t len)
  * points are done.
  */
 static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_redis_call *call,
-		 const struct tokenbucket_redis_limit *limits, size_t count,
+		 const struct tokenbucket_limit *limits, size_t count,
 		 tokenbucket_redis_done_fn *done, tokenbucket_redis_set_done_fn *set_done, void *arg)
 {
 	if (a->closing)
@@ -554,7 +554,7 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 }
 
 static int allow_all(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
-		     const struct tokenbucket_redis_limit *limits, size_t count, bool at,
+		     const struct tokenbucket_limit *limits, size_t count, bool at,
 		     int64_t now, uint64_t n, tokenbucket_redis_set_done_fn *done, void *arg)
 {
 	if (a == NULL || limits == NULL || count == 0 || count > TOKENBUCKET_SET_MAX || done == NULL)
@@ -567,7 +567,7 @@ static int allow_all(struct tokenbucket_redis_async *a, const void *key, size_t 
 }
 
 int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a, const void *key,
-				      size_t keylen, const struct tokenbucket_redis_limit *limits,
+				      size_t keylen, const struct tokenbucket_limit *limits,
 				      size_t count, uint64_t n, tokenbucket_redis_set_done_fn *done,
 				      void *arg)
 {
@@ -576,7 +576,7 @@ int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a, const v
 
 int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a, const void *key,
 					 size_t keylen,
-					 const struct tokenbucket_redis_limit *limits, size_t count,
+					 const struct tokenbucket_limit *limits, size_t count,
 					 int64_t now, uint64_t n, tokenbucket_redis_set_done_fn *done,
 					 void *arg)
 {

@@ -98,7 +98,7 @@ struct op {
 	int unreached;      /* the last connection error of a node it was sent to, or 0 */
 	unsigned slot;
 	uint32_t pin;       /* the key's hash, modulo PINS */
-	struct tokenbucket_redis_limit limits[]; /* an allow_all's, copied */
+	struct tokenbucket_limit limits[]; /* an allow_all's, copied */
 };
 
 struct tokenbucket_redis_async {

@@ -351,22 +351,26 @@ int tokenbucket_redis_cancel(struct tokenbucket_redis *r, const void *key, size_
 	return cancel(r, key, keylen, lim, rv, false, 0);
 }
 
-int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
-				const struct tokenbucket_redis_limit *lim, int64_t now, uint64_t n)
+static int refund(struct tokenbucket_redis *r, const void *key, size_t keylen,
+		  const struct tokenbucket_limit *limit, bool at, int64_t now, uint64_t n)
 {
-	if (lim == NULL)
+	if (limit == NULL)
 		return -EINVAL;
-	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, true, now, n, 0);
+	const struct tokenbucket_redis_limit one = tbr__limit(limit), *lim = &one;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, at, now, n, 0);
 	return run(r, &call, NULL, NULL, NULL);
 }
 
-int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key, size_t keylen,
-			     const struct tokenbucket_redis_limit *lim, uint64_t n)
+int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				const struct tokenbucket_limit *lim, int64_t now, uint64_t n)
 {
-	if (lim == NULL)
-		return -EINVAL;
-	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, false, 0, n, 0);
-	return run(r, &call, NULL, NULL, NULL);
+	return refund(r, key, keylen, lim, true, now, n);
+}
+
+int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			     const struct tokenbucket_limit *lim, uint64_t n)
+{
+	return refund(r, key, keylen, lim, false, 0, n);
 }
 
 int tokenbucket_redis_tokens_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
@@ -409,7 +413,7 @@ int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t
 }
 
 static int allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen,
-		     const struct tokenbucket_redis_limit *limits, size_t count, bool at,
+		     const struct tokenbucket_limit *limits, size_t count, bool at,
 		     int64_t now, uint64_t n, struct tokenbucket_set_result *res)
 {
 	if (limits == NULL || count == 0 || count > TOKENBUCKET_SET_MAX || res == NULL)
@@ -425,14 +429,14 @@ static int allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen
 }
 
 int tokenbucket_redis_allow_all_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
-				   const struct tokenbucket_redis_limit *limits, size_t count,
+				   const struct tokenbucket_limit *limits, size_t count,
 				   int64_t now, uint64_t n, struct tokenbucket_set_result *res)
 {
 	return allow_all(r, key, keylen, limits, count, true, now, n, res);
 }
 
 int tokenbucket_redis_allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen,
-				const struct tokenbucket_redis_limit *limits, size_t count, uint64_t n,
+				const struct tokenbucket_limit *limits, size_t count, uint64_t n,
 				struct tokenbucket_set_result *res)
 {
 	return allow_all(r, key, keylen, limits, count, false, 0, n, res);

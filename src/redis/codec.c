@@ -118,14 +118,17 @@ static int args_all(const struct tokenbucket_redis_call *call, struct tbr__args 
 	if (all->limits == NULL || all->count == 0 || all->count > TOKENBUCKET_SET_MAX)
 		return -EINVAL;
 	for (size_t i = 0; i < all->count; i++) {
-		int err = check_limit(&all->limits[i]);
+		struct tokenbucket_redis_limit lim = tbr__limit(&all->limits[i]);
+		int err = check_limit(&lim);
 		if (err != 0)
 			return err;
 	}
 	put_head(call, a, via, "allow_all");
 	put_num(a, 6, 1, false, call->n);
-	for (size_t i = 0; i < all->count; i++)
-		put_limit(a, 7 + 3 * (int)i, 2 + 3 * (int)i, &all->limits[i]);
+	for (size_t i = 0; i < all->count; i++) {
+		struct tokenbucket_redis_limit lim = tbr__limit(&all->limits[i]);
+		put_limit(a, 7 + 3 * (int)i, 2 + 3 * (int)i, &lim);
+	}
 	a->argc = 7 + 3 * (int)all->count - a->first;
 	/* No decimal times needed here either: the script may reply in integers. */
 	if (via != TBR__VIA_MODULE)

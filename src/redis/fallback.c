@@ -164,7 +164,8 @@ static int fallback_all(struct tbr__fallback *r, const struct tokenbucket_redis_
 	size_t i;
 	for (i = 0; i < all->count; i++) {
 		name[len - 1] = (char)i;
-		set[i] = local_bucket(r, name, len, &all->limits[i]);
+		struct tokenbucket_redis_limit lim = tbr__limit(&all->limits[i]);
+		set[i] = local_bucket(r, name, len, &lim);
 		slot[i] = r->local == NULL ? NULL : local_slot(r, name, len);
 		bool clash = false;
 		for (size_t j = 0; j < i; j++)

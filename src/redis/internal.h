@@ -16,6 +16,24 @@
 
 #include "tokenbucket-redis.h"
 
+/*
+ * struct tokenbucket_redis_limit (1.0, 1.1) and struct tokenbucket_limit
+ * (1.2) are one configuration under two names: same fields, same layout.
+ */
+_Static_assert(sizeof(struct tokenbucket_redis_limit) == sizeof(struct tokenbucket_limit) &&
+		       offsetof(struct tokenbucket_redis_limit, tokens) ==
+			       offsetof(struct tokenbucket_limit, tokens) &&
+		       offsetof(struct tokenbucket_redis_limit, period_ns) ==
+			       offsetof(struct tokenbucket_limit, period_ns) &&
+		       offsetof(struct tokenbucket_redis_limit, burst) ==
+			       offsetof(struct tokenbucket_limit, burst),
+	       "struct tokenbucket_redis_limit is struct tokenbucket_limit");
+/* A 1.2 limit as the 1.0 call struct carries it. */
+static inline struct tokenbucket_redis_limit tbr__limit(const struct tokenbucket_limit *lim)
+{
+	return (struct tokenbucket_redis_limit){ lim->tokens, lim->period_ns, lim->burst };
+}
+
 /* The script, embedded at build time from tokenbucket.lua (script.c). */
 extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
@@ -50,7 +68,7 @@ struct tbr__args {
 #define TBR__OP_ALLOW_ALL ((enum tokenbucket_redis_op)64)
 struct tbr__call_all {
 	struct tokenbucket_redis_call call; /* op TBR__OP_ALLOW_ALL; call.limit unused */
-	const struct tokenbucket_redis_limit *limits;
+	const struct tokenbucket_limit *limits;
 	size_t count;
 	struct tokenbucket_set_result *res; /* tbr__decode's output, or NULL */
 };

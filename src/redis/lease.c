@@ -67,10 +67,11 @@ static int give_back(struct tokenbucket_redis_lease *l, bool all)
 {
 	uint64_t total = tbr__lease_collect(l, all);
 	/* In pieces of at most a burst: the server refuses more in one (2 cap may exceed it). */
+	const struct tokenbucket_limit lim = { l->lim.tokens, l->lim.period_ns, l->lim.burst };
 	int err = 0;
 	while (total > 0 && err == 0) {
 		uint64_t piece = total < l->lim.burst ? total : l->lim.burst;
-		err = tokenbucket_redis_refund(l->r, l->key, l->keylen, &l->lim, piece);
+		err = tokenbucket_redis_refund(l->r, l->key, l->keylen, &lim, piece);
 		total -= piece;
 	}
 	return err;
@@ -143,13 +144,16 @@ static void lease_end(struct tbr__dependent *d);
 
 int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tokenbucket_redis *r,
 				 const void *key, size_t keylen,
-				 const struct tokenbucket_redis_limit *lim, double share,
+				 const struct tokenbucket_limit *limit, double share,
 				 int64_t window_ns)
 {
 	if (lp == NULL || r == NULL)
 		return -EINVAL;
 	struct tokenbucket_redis_lease *l;
-	int err = tbr__lease_new(&l, key, keylen, lim, share, window_ns);
+	if (limit == NULL)
+		return -EINVAL;
+	const struct tokenbucket_redis_limit lim = tbr__limit(limit);
+	int err = tbr__lease_new(&l, key, keylen, &lim, share, window_ns);
 	if (err != 0)
 		return err;
 	l->r = r;

@@ -33,6 +33,9 @@ void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,
 long redis_sequences(long def);
 
 #define KEY(s) (s), strlen(s)
+/* A 1.2 struct tokenbucket_limit as the 1.0 and 1.1 functions take it. */
+#define TBR_OLD(l) \
+	(&(const struct tokenbucket_redis_limit){ (l)->tokens, (l)->period_ns, (l)->burst })
 
 /* Arguments after the key that the script refuses with "ERR tokenbucket: bad ...". */
 extern const char *const redis_bad_args[][7];

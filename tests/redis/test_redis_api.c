@@ -336,7 +336,7 @@ static atomic_int piped_granted, piped_all_granted, piped_failed;
 static void *piped_calls(void *arg)
 {
 	bool set = (intptr_t)arg % 2;
-	const struct tokenbucket_redis_limit fixed[2] = {
+	const struct tokenbucket_limit fixed[2] = {
 		{ .tokens = 0, .period_ns = SEC, .burst = 1000 },
 		{ .tokens = 0, .period_ns = SEC, .burst = 600 },
 	};
@@ -344,7 +344,7 @@ static void *piped_calls(void *arg)
 		struct tokenbucket_result res;
 		struct tokenbucket_set_result all;
 		int err = set ? tokenbucket_redis_allow_all(piped, KEY("piped-all"), fixed, 2, 1, &all)
-			      : tokenbucket_redis_allow(piped, KEY("piped"), &fixed[0], 1, &res);
+			      : tokenbucket_redis_allow(piped, KEY("piped"), TBR_OLD(&fixed[0]), 1, &res);
 		if (err != 0)
 			atomic_fetch_add(&piped_failed, 1);
 		else if (set ? all.allowed : res.allowed)
@@ -621,7 +621,7 @@ static long long pttl_of(redisContext *x, const char *key)
 /* "10 a second and 3 an hour" in one key: all or nothing, the report, time and kinds. */
 START_TEST(test_allow_all)
 {
-	const struct tokenbucket_redis_limit two[3] = {
+	const struct tokenbucket_limit two[3] = {
 		{ .tokens = 1, .period_ns = 100 * MS, .burst = 5 },
 		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 },
 		{ .tokens = 1, .period_ns = 1 * SEC, .burst = 2 },
@@ -702,7 +702,7 @@ START_TEST(test_allow_all)
 	ck_assert_uint_eq(res.index, 1);
 
 	/* A key holds one kind: each refuses the other's value, which stays. */
-	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("one"), &two[0], t0, 1, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("one"), TBR_OLD(&two[0]), t0, 1, NULL), 0);
 	char *before = value_of(x, "one");
 	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("one"), two, 2, t0, 1, &res), -EBADMSG);
 	v = value_of(x, "one");
@@ -710,10 +710,10 @@ START_TEST(test_allow_all)
 	free(v);
 	free(before);
 	before = value_of(x, "a");
-	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("a"), &two[0], t0, 1, NULL), -EBADMSG);
-	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("a"), &two[0], t0, 1, 0, &(struct tokenbucket_reservation){ 0 }, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("a"), TBR_OLD(&two[0]), t0, 1, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("a"), TBR_OLD(&two[0]), t0, 1, 0, &(struct tokenbucket_reservation){ 0 }, NULL), -EBADMSG);
 	double tokens;
-	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("a"), &two[0], t0, &tokens, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("a"), TBR_OLD(&two[0]), t0, &tokens, NULL), -EBADMSG);
 	/* Hostile values: refused, unchanged. */
 	static const char *const hostile[] = { "tbs1 5 6 0 1 1 3", "tbs1 5 1 0 1 1", "tbs1 x",
 					       "tbs1 5 1 0 1 1 3 ", "tbs1 5 -1 0 1 1 3" };
@@ -737,7 +737,7 @@ START_TEST(test_allow_all)
 	/* Bad calls change nothing, *res untouched. */
 	memset(&res, 0x5a, sizeof(res));
 	struct tokenbucket_set_result same = res;
-	struct tokenbucket_redis_limit bad[TOKENBUCKET_SET_MAX + 1];
+	struct tokenbucket_limit bad[TOKENBUCKET_SET_MAX + 1];
 	for (size_t i = 0; i <= TOKENBUCKET_SET_MAX; i++)
 		bad[i] = two[0];
 	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), two, 2, 4, &res), -E2BIG);
@@ -781,7 +781,7 @@ START_TEST(test_allow_all)
 	freeReplyObject(r);
 	/* The public codec takes no allow_all: it is no op of struct tokenbucket_redis_call. */
 	struct tokenbucket_redis_call call = { .op = (enum tokenbucket_redis_op)64, .key = "k",
-					       .keylen = 1, .limit = two[0] };
+					       .keylen = 1, .limit = *TBR_OLD(&two[0]) };
 	char *cmd;
 	size_t len, used;
 	ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), -EINVAL);
@@ -793,7 +793,7 @@ END_TEST
 /* Redis unreachable: the local fallback decides allow_all, a bucket per limit. */
 START_TEST(test_allow_all_fallback)
 {
-	const struct tokenbucket_redis_limit two[2] = {
+	const struct tokenbucket_limit two[2] = {
 		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 4 },
 		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 2 },
 	};

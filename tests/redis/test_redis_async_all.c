@@ -33,12 +33,12 @@ static int fault_at = -1; /* fault() runs after this many completions */
 static void (*fault)(void);
 static int refill_until; /* each completion starts another while fewer were started */
 
-static const struct tokenbucket_redis_limit two[2] = {
+static const struct tokenbucket_limit two[2] = {
 	{ .tokens = 0, .period_ns = SEC, .burst = 1000 },
 	{ .tokens = 0, .period_ns = SEC, .burst = 3000 },
 };
 
-static void start_all(const char *key, const struct tokenbucket_redis_limit *limits, size_t count,
+static void start_all(const char *key, const struct tokenbucket_limit *limits, size_t count,
 		      uint64_t n);
 
 static void set_done(void *arg, int err, const struct tokenbucket_set_result *res)
@@ -54,7 +54,7 @@ static void set_done(void *arg, int err, const struct tokenbucket_set_result *re
 		start_all("m", two, 2, 1);
 }
 
-static void start_all(const char *key, const struct tokenbucket_redis_limit *limits, size_t count,
+static void start_all(const char *key, const struct tokenbucket_limit *limits, size_t count,
 		      uint64_t n)
 {
 	ck_assert_int_lt(started, MAX_CALLS);
@@ -158,7 +158,7 @@ START_TEST(test_same_as_blocking)
 	 */
 	static struct tokenbucket_set_result want[DIFF_STEPS];
 	static int want_err[DIFF_STEPS];
-	static const struct tokenbucket_redis_limit pool[5] = {
+	static const struct tokenbucket_limit pool[5] = {
 		{ .tokens = 10, .period_ns = SEC, .burst = 10 },
 		{ .tokens = 1000, .period_ns = 3600 * SEC, .burst = 1000 },
 		{ .tokens = 3, .period_ns = 7 * MS, .burst = 4 },
@@ -166,7 +166,7 @@ START_TEST(test_same_as_blocking)
 		{ .tokens = 7, .period_ns = 100 * MS, .burst = 20 },
 	};
 	uint64_t x = 0x9e3779b97f4a7c15u;
-	struct tokenbucket_redis_limit limits[4];
+	struct tokenbucket_limit limits[4];
 	size_t count = 0;
 	int64_t now = 1000 * SEC;
 	for (int i = 0; i < DIFF_STEPS; i++) {
@@ -201,7 +201,7 @@ START_TEST(test_same_as_blocking)
 	counts_reset();
 	struct tokenbucket_set_result w[30];
 	for (int i = 0; i < 30; i++) {
-		const struct tokenbucket_redis_limit fixed[2] = {
+		const struct tokenbucket_limit fixed[2] = {
 			{ .tokens = 0, .period_ns = SEC, .burst = 25 },
 			{ .tokens = 0, .period_ns = SEC, .burst = 10 },
 		};
@@ -228,8 +228,8 @@ END_TEST
 START_TEST(test_values_refused)
 {
 	/* A single limit's value, a string that is no bucket, a hash: refused, unchanged. */
-	const struct tokenbucket_redis_limit one = { .tokens = 1, .period_ns = SEC, .burst = 5 };
-	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("single"), &one, 1, NULL), 0);
+	const struct tokenbucket_limit one = { .tokens = 1, .period_ns = SEC, .burst = 5 };
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("single"), TBR_OLD(&one), 1, NULL), 0);
 	ck_assert_int_eq(server_cmd(&srv, "SET junk tbs1garbage"), REDIS_REPLY_STATUS);
 	ck_assert_int_eq(server_cmd(&srv, "HSET hash f v"), REDIS_REPLY_INTEGER);
 	start_all("single", two, 2, 1);
@@ -251,7 +251,7 @@ START_TEST(test_values_refused)
 	ck_assert_uint_eq(slots[4].res.remaining, 0);
 	/* The single limit is still there, untouched by the refusal. */
 	double tokens = -1;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("single"), &one, &tokens, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("single"), TBR_OLD(&one), &tokens, NULL), 0);
 	ck_assert(tokens >= 4 && tokens <= 5);
 }
 END_TEST
@@ -395,7 +395,7 @@ END_TEST
 START_TEST(test_fallback_when_down)
 {
 	/* The server down, the fallback on: local buckets at half of each burst (2 and 4) decide. */
-	const struct tokenbucket_redis_limit lims[2] = {
+	const struct tokenbucket_limit lims[2] = {
 		{ .tokens = 0, .period_ns = SEC, .burst = 5 },
 		{ .tokens = 0, .period_ns = SEC, .burst = 9 },
 	};
@@ -486,7 +486,7 @@ END_TEST
 
 START_TEST(test_bad_arguments)
 {
-	struct tokenbucket_redis_limit many[TOKENBUCKET_SET_MAX + 1];
+	struct tokenbucket_limit many[TOKENBUCKET_SET_MAX + 1];
 	for (size_t i = 0; i < TOKENBUCKET_SET_MAX + 1; i++)
 		many[i] = two[0];
 	struct slot *s = &slots[0];
@@ -502,7 +502,7 @@ START_TEST(test_bad_arguments)
 	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), two, 2, 1, NULL, s), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_async_allow_all_at(ac, NULL, 1, two, 2, 0, 1, set_done, s),
 			 -EINVAL);
-	struct tokenbucket_redis_limit bad[2] = { two[0], two[1] };
+	struct tokenbucket_limit bad[2] = { two[0], two[1] };
 	bad[1].tokens = 1;
 	bad[1].period_ns = 0;
 	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), bad, 2, 1, set_done, s),
@@ -533,7 +533,7 @@ static struct cluster cl;
 #define CKEYS 9
 static char ckeys[CKEYS][48];
 static int ckey_owner[CKEYS];
-static const struct tokenbucket_redis_limit cfixed[2] = {
+static const struct tokenbucket_limit cfixed[2] = {
 	{ .tokens = 0, .period_ns = SEC, .burst = 150 },
 	{ .tokens = 0, .period_ns = SEC, .burst = 100 },
 };
