@@ -373,7 +373,7 @@ TOKENBUCKET_API int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease
  * Since 1.2.  Go's ReserveN on a lease: n tokens from those it holds, or
  * queued for the lease's next refills (first come, first covered).  The
  * tokens are the caller's only once covered: when *rv comes back with
- * rv->ticket 0 (covered at once), or once tokenbucket_redis_lease_missing
+ * rv->ticket 0 (covered at once), or once tokenbucket_redis_lease_deficiency
  * says 0.  rv->time_to_act (tokenbucket_now()'s clock) is then an
  * estimate, never a promise: what the key's full rate needs to make the
  * tokens queued up to this reservation, after a round trip; contention or
@@ -388,14 +388,15 @@ TOKENBUCKET_API int tokenbucket_redis_lease_reserve(struct tokenbucket_redis_lea
 						    uint64_t n, int64_t max_wait,
 						    struct tokenbucket_reservation *rv);
 /*
- * Since 1.2.  *missing: the tokens reservation rv of lease l still lacks;
- * 0 means go.  -EINVAL: a NULL argument, or rv not made by l.
- * -ESHUTDOWN: the client was closed (a reservation queued then is never
- * covered: *missing stays above 0).
+ * Since 1.2.  *deficiency: the tokens reservation rv of lease l still
+ * lacks, as tokenbucket_deficiency() says of a bucket's ticket; 0 means
+ * go.  -EINVAL: a NULL argument, or rv not made by l.  -ESHUTDOWN: the
+ * client was closed (a reservation queued then is never covered:
+ * *deficiency stays above 0).
  */
-TOKENBUCKET_API int tokenbucket_redis_lease_missing(struct tokenbucket_redis_lease *l,
-						    const struct tokenbucket_reservation *rv,
-						    uint64_t *missing);
+TOKENBUCKET_API int tokenbucket_redis_lease_deficiency(struct tokenbucket_redis_lease *l,
+						       const struct tokenbucket_reservation *rv,
+						       uint64_t *deficiency);
 /*
  * Since 1.2.  Gives back exactly the tokens reservation rv took, covered or
  * not, whatever the time (unlike tokenbucket_cancel: time_to_act is only an
@@ -617,7 +618,7 @@ TOKENBUCKET_API void tokenbucket_redis_async_timeout(struct tokenbucket_redis_as
  * a blocking client's lease, except: tokenbucket_redis_lease_allow with n
  * above cap returns -E2BIG (start that call on a instead);
  * tokenbucket_redis_lease_wait returns -EDEADLK (its refills need the
- * loop it would block: reserve, then ask tokenbucket_redis_lease_missing);
+ * loop it would block: reserve, then ask tokenbucket_redis_lease_deficiency);
  * tokenbucket_redis_lease_close starts the give-back on a and returns (0,
  * or the error of starting it).  Close the lease before a: a lease still
  * open at tokenbucket_redis_async_close drops what it holds (granted to no

@@ -394,21 +394,21 @@ static struct pending **find(struct tokenbucket_redis_lease *l, uint64_t t)
 	return *pp != NULL ? pp : NULL;
 }
 
-int tokenbucket_redis_lease_missing(struct tokenbucket_redis_lease *l,
-				    const struct tokenbucket_reservation *rv, uint64_t *missing)
+int tokenbucket_redis_lease_deficiency(struct tokenbucket_redis_lease *l,
+				       const struct tokenbucket_reservation *rv, uint64_t *deficiency)
 {
-	if (l == NULL || rv == NULL || missing == NULL)
+	if (l == NULL || rv == NULL || deficiency == NULL)
 		return -EINVAL;
 	if (rv->ticket > 0) {
 		pthread_mutex_lock(&l->rmu);
 		bool bad = rv->ticket > l->tickets;
 		struct pending **pp = bad ? NULL : find(l, rv->ticket);
-		*missing = pp != NULL ? (*pp)->need : 0;
+		*deficiency = pp != NULL ? (*pp)->need : 0;
 		pthread_mutex_unlock(&l->rmu);
 		if (bad)
 			return -EINVAL;
 	} else {
-		*missing = 0;
+		*deficiency = 0;
 	}
 	return atomic_load_explicit(&l->ended, memory_order_acquire) ? -ESHUTDOWN : 0;
 }

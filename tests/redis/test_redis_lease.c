@@ -748,7 +748,7 @@ static uint64_t await_covered(struct tokenbucket_redis_lease *l,
 {
 	uint64_t m = 1;
 	for (int i = 0; i < 1000 && m > 0; i++) {
-		ck_assert_int_eq(tokenbucket_redis_lease_missing(l, rv, &m), 0);
+		ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, rv, &m), 0);
 		if (m > 0)
 			sleep_ns(10 * MS);
 	}
@@ -768,7 +768,7 @@ START_TEST(test_reserve_cancel)
 	ck_assert_uint_eq(a.ticket, 0);
 	ck_assert_uint_eq(a.tokens, 1);
 	uint64_t m = 9;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &a, &m), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &a, &m), 0);
 	ck_assert_uint_eq(m, 0);
 	/* More than held at rate 0: never, unless the caller accepts never. */
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 500, 10 * SEC, &b), -ETIMEDOUT);
@@ -791,7 +791,7 @@ START_TEST(test_reserve_cancel)
 		sleep_ns(10 * MS);
 	}
 	ck_assert(v == 0);
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &d, &m), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &d, &m), 0);
 	ck_assert_uint_gt(m, 0); /* 1000 - 1 - 500 - 400 = 99 for d at most */
 	/* c, covered or not, gives back what it took: those go to d first. */
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &c), 0);
@@ -805,9 +805,9 @@ START_TEST(test_reserve_cancel)
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &bad), -EINVAL);
 	bad = (struct tokenbucket_reservation){ .tokens = 501 };
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &bad), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &bad, NULL), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &bad, NULL), -EINVAL);
 	bad = (struct tokenbucket_reservation){ .tokens = 1, .ticket = 1000 };
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &bad, &m), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &bad, &m), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(NULL, 1, 0, &a), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, 0, NULL), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(NULL, &a), -EINVAL);
@@ -833,7 +833,7 @@ START_TEST(test_close_with_queued)
 	/* b gets the last 10 at most: it never is whole. */
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 20, TOKENBUCKET_NEVER, &b), 0);
 	uint64_t m = 0;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &b, &m), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &b, &m), 0);
 	ck_assert_uint_gt(m, 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
 	double v = -1;
@@ -878,7 +878,7 @@ START_TEST(test_client_closed_first)
 	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
 	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1001, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
 	uint64_t m = 0;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &b, &m), -ESHUTDOWN);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &b, &m), -ESHUTDOWN);
 	ck_assert_uint_gt(m, 0); /* never covered */
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &a), 0); /* gives nothing */
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
@@ -1104,7 +1104,7 @@ static void *rwork(void *arg)
 		/* Kept if covered within 20 ms, unless what == 1. */
 		uint64_t m = 1;
 		for (int i = 0; i < 20 && m > 0; i++) {
-			if (tokenbucket_redis_lease_missing(w->l, &rv, &m) != 0)
+			if (tokenbucket_redis_lease_deficiency(w->l, &rv, &m) != 0)
 				e++;
 			if (m > 0)
 				sleep_ns(MS);
@@ -1351,7 +1351,7 @@ static bool is_covered(void *arg)
 {
 	struct covered *c = arg;
 	uint64_t missing = 1;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(c->l, &c->rv, &missing), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(c->l, &c->rv, &missing), 0);
 	return missing == 0;
 }
 
