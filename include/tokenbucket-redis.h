@@ -8,7 +8,7 @@
  * module, else FCALL of the client's function library where it has
  * functions (Redis 7), else EVALSHA of the Lua script (installed as
  * tokenbucket.lua); each connection finds out which once, when it is made
- * (tokenbucket_redis_set_module, tokenbucket-redis(7)).  A script cache
+ * (tokenbucket_redis_configure, tokenbucket-redis(7)).  A script cache
  * lost to a restart, a failover or SCRIPT FLUSH is refilled with EVAL on
  * the same call.  A client of a Redis Cluster
  * (tokenbucket_redis_open_cluster, since 1.1) routes each call to the
@@ -22,7 +22,8 @@
  *    would do.
  *  - Time comes from the Redis server (TIME, nanoseconds since the epoch);
  *    the _at functions take the caller's time instead, on any time base
- *    that every user of the key shares.  Time never runs backwards per key.
+ *    that every user of the key shares, as now right after the key and
+ *    its limit(s) (docs/limits.md, "Where now goes").  Time never runs backwards per key.
  *    A key written at the server's time expires a second after its bucket
  *    is full again (a missing key is a full bucket); one written by an _at
  *    call does not expire, since its time need not be the server's.
@@ -30,8 +31,8 @@
  *    for the table.  -ETIME means no reply within the command timeout.
  *  - One client may be used from any number of threads at once: each call
  *    takes a connection from the client's pool (opening one when none is
- *    idle), so calls run in parallel.  The set_* functions must not run
- *    concurrently with calls.
+ *    idle), so calls run in parallel.  The set_* functions and
+ *    tokenbucket_redis_configure must not run concurrently with calls.
  */
 #ifndef TOKENBUCKET_REDIS_H
 #define TOKENBUCKET_REDIS_H
@@ -125,51 +126,64 @@ TOKENBUCKET_API int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r,
 TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share);
 
 /*
- * Since 1.2.  enable 1: the blocking calls of every thread share a few
- * connections per server, written together and answered in order by an
- * I/O thread of the client's (auto-pipelining), so threads no longer need
- * a connection each (up to tokenbucket_redis_set_connections per server); a call's errors, timeout, fallback and redirections
- * are those of tokenbucket_redis_async_start.  enable 0 (the default):
- * each call in flight has a pooled connection of its own.  Like the
- * other set_* functions, not concurrently with calls.  The I/O thread
- * does not survive fork(): in a child the calls take pooled connections.  -EINVAL: r NULL, enable not 0 or 1.
- * -ENOMEM, -EAGAIN (no thread), -EMFILE.
- */
-TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
-
-/*
- * Since 1.2.  How many connections per server the asynchronous clients
- * made from r and its pipelining may use: 1 to
- * TOKENBUCKET_REDIS_CONNECTIONS_MAX, TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT
- * until set.  A server's first connection opens with its first call;
- * another opens only while every one is busy, so a quiet client keeps
- * one.  A call goes on the connection with the fewest calls in flight,
- * except that the calls of one key in flight together share one
- * connection, so a key's calls are decided in the order they were
- * started.  Applies to the calls started after it; connections already
- * open stay until they close.  0, or -EINVAL: r NULL, count out of range.
- */
-#define TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT 4
-#define TOKENBUCKET_REDIS_CONNECTIONS_MAX 64
-TOKENBUCKET_API int tokenbucket_redis_set_connections(struct tokenbucket_redis *r, int count);
-
-/*
- * Which command decides (1.2).  Every connection asks its server once, when
- * it is made, whether the native module is loaded (TOKENBUCKET.VERSION, a
- * version this library speaks); with _AUTO (the default) its calls then go
- * as TOKENBUCKET.CALL, otherwise as FCALL of the function library where
- * the server has functions, else as the script, and a server that unloads
- * the module makes the connection go back to the script.  All decide
- * alike on the same stored value.  _NEVER always sends the script; _ALWAYS
- * always sends TOKENBUCKET.CALL (a server without the module answers
- * -EPROTO), for tests and benchmarks.  Applies to the calls started after
- * it, of r and of the asynchronous clients and the pipelining made from r.
- * 0, or -EINVAL.
+ * Since 1.2.  A client's options, all given at once by
+ * tokenbucket_redis_configure.  size is sizeof(struct
+ * tokenbucket_redis_options) as the caller was compiled: later versions
+ * add fields at the end, and a field the library does not know must be 0.
+ * Every field 0 is the default.
+ *  - pipelining 1: the blocking calls of every thread share a few
+ *    connections per server, written together and answered in order by an
+ *    I/O thread of the client's (auto-pipelining), so threads no longer
+ *    need a connection each; a call's errors, timeout, fallback and
+ *    redirections are those of tokenbucket_redis_async_start.  0: each
+ *    call in flight has a pooled connection of its own.  The I/O thread
+ *    does not survive fork(): in a child the calls take pooled
+ *    connections.
+ *  - module: which command decides.  Every connection asks its server
+ *    once, when it is made, whether the native module is loaded
+ *    (TOKENBUCKET.VERSION, a version this library speaks); with _AUTO its
+ *    calls then go as TOKENBUCKET.CALL, otherwise as FCALL of the function
+ *    library where the server has functions, else as the script, and a
+ *    server that unloads the module makes the connection go back to the
+ *    script.  All decide alike on the same stored value.  _NEVER always
+ *    sends the script; _ALWAYS always sends TOKENBUCKET.CALL (a server
+ *    without the module answers -EPROTO), for tests and benchmarks.
+ *  - connections: how many connections per server the asynchronous
+ *    clients made from r and its pipelining may use, 1 to
+ *    TOKENBUCKET_REDIS_CONNECTIONS_MAX (0: _DEFAULT).  A server's first
+ *    connection opens with its first call; another opens only while every
+ *    one is busy, so a quiet client keeps one.  A call goes on the
+ *    connection with the fewest calls in flight, except that the calls of
+ *    one key in flight together share one, so a key's calls are decided in
+ *    the order they were started.
  */
 #define TOKENBUCKET_REDIS_MODULE_AUTO 0
 #define TOKENBUCKET_REDIS_MODULE_NEVER 1
 #define TOKENBUCKET_REDIS_MODULE_ALWAYS 2
-TOKENBUCKET_API int tokenbucket_redis_set_module(struct tokenbucket_redis *r, int mode);
+#define TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT 4
+#define TOKENBUCKET_REDIS_CONNECTIONS_MAX 64
+struct tokenbucket_redis_options {
+	size_t size;     /* sizeof(struct tokenbucket_redis_options) */
+	int pipelining;  /* 0 or 1 */
+	int module;      /* TOKENBUCKET_REDIS_MODULE_* */
+	int connections; /* per server; 0: TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT */
+};
+
+/*
+ * Since 1.2.  Sets r's options (copied) after tokenbucket_redis_open or
+ * _open_cluster and before r's first call or asynchronous client, as
+ * libuv's uv_loop_configure comes before uv_run: one function serves every
+ * kind of client (a URL, a Sentinel, a cluster's seeds), where options
+ * given to the open functions would need an open of each kind, and a
+ * client's calls never see its options change.  May be called again
+ * until then; the last call counts.  0, or -EINVAL: r or opts NULL,
+ * opts->size below this struct's, a field out of range.  -E2BIG: a field
+ * past those this library knows is not 0.  -EBUSY: r already made a call
+ * or an asynchronous client (nothing changes).  With pipelining: -ENOMEM,
+ * -EAGAIN (no thread), -EMFILE.
+ */
+TOKENBUCKET_API int tokenbucket_redis_configure(struct tokenbucket_redis *r,
+						const struct tokenbucket_redis_options *opts);
 
 /* ---- Decisions ----------------------------------------------------------- */
 
@@ -522,9 +536,9 @@ typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbuc
 /*
  * Since 1.2.  An asynchronous client on r's server or cluster: same
  * address (or seeds and slot map), timeouts, key prefix and local fallback
- * as r, with connections of its own (up to
- * tokenbucket_redis_set_connections per server) driven by loop (copied).  r must outlive it; r's blocking calls go on working beside
- * it.  The async client belongs to the loop's thread: its functions must
+ * as r, with connections of its own (up to r's options' connections per
+ * server, tokenbucket_redis_configure) driven by loop (copied).  r must
+ * outlive it; r's blocking calls go on working beside it.  The async client belongs to the loop's thread: its functions must
  * not run concurrently with each other.  Made from a Sentinel client, it
  * asks the sentinels itself, without blocking, while its calls wait.
  * -EINVAL: a NULL argument, loop without watch or timer.  -ENOMEM.
@@ -547,7 +561,7 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
  * command timeout, a connection's error, a decision of the local fallback
  * for ALLOW and RESERVE; on a cluster MOVED, ASK, CLUSTERDOWN and TRYAGAIN
  * are followed as by the blocking call.  Calls are pipelined on a
- * few connections per server (tokenbucket_redis_set_connections); calls
+ * few connections per server (tokenbucket_redis_configure); calls
  * of one key in flight together share one and are decided in the order
  * started; a connection that times out or fails takes every call on it
  * with it, as the blocking call's connection would.  A CANCEL of a

@@ -14,11 +14,11 @@
  * tokenbucket_redis_async_allow_all on two limits (the one below and a
  * quota of 10^6 an hour); with "piped" the threads
  * block as by default, their calls pipelined on a few connections
- * (tokenbucket_redis_set_pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
+ * (tokenbucket_redis_configure, pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
  * =module in the environment forces the script or the native module
- * (tokenbucket_redis_set_module); unset or empty, the client detects it.
+ * (tokenbucket_redis_configure, module); unset or empty, the client detects it.
  * TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K sets the connections per server of
- * the async and piped modes (tokenbucket_redis_set_connections).
+ * the async and piped modes (tokenbucket_redis_configure, connections).
  * TOKENBUCKET_REDIS_BENCH_TIMEOUT_MS=T sets the command timeout (default
  * 1000): 10^4 calls in flight queue for longer than 1 s on a busy server.  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
  * client from those seeds instead (threads only).  Prints "decisions/s
@@ -305,17 +305,19 @@ int main(int argc, char **argv)
 	} else if (tokenbucket_redis_open(&r, argv[1], 1000000000, command_timeout) != 0) {
 		return 1;
 	}
-	/* TOKENBUCKET_REDIS_BENCH_MODULE=script|module forces one server side (tokenbucket_redis_set_module). */
+	/*
+	 * TOKENBUCKET_REDIS_BENCH_MODULE=script|module forces one server side;
+	 * TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K: connections per server.
+	 */
+	struct tokenbucket_redis_options opts = { .size = sizeof(opts), .pipelining = piped };
 	const char *side = getenv("TOKENBUCKET_REDIS_BENCH_MODULE");
-	if (side != NULL && *side != '\0' &&
-	    tokenbucket_redis_set_module(r, strcmp(side, "module") == 0 ? TOKENBUCKET_REDIS_MODULE_ALWAYS
-									 : TOKENBUCKET_REDIS_MODULE_NEVER) != 0)
-		return 1;
-	/* TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K: connections per server (tokenbucket_redis_set_connections). */
+	if (side != NULL && *side != '\0')
+		opts.module = strcmp(side, "module") == 0 ? TOKENBUCKET_REDIS_MODULE_ALWAYS
+							  : TOKENBUCKET_REDIS_MODULE_NEVER;
 	const char *conns = getenv("TOKENBUCKET_REDIS_BENCH_CONNECTIONS");
-	if (conns != NULL && tokenbucket_redis_set_connections(r, atoi(conns)) != 0)
-		return 1;
-	if (piped && tokenbucket_redis_set_pipelining(r, 1) != 0)
+	if (conns != NULL)
+		opts.connections = atoi(conns);
+	if (tokenbucket_redis_configure(r, &opts) != 0)
 		return 1;
 	struct worker *w = calloc((size_t)inflight, sizeof(*w));
 	pthread_t *t = calloc((size_t)inflight, sizeof(*t));

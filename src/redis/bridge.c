@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Blocking calls pipelined (tokenbucket_redis_set_pipelining): the
+ * Blocking calls pipelined (tokenbucket_redis_configure, pipelining): the
  * calling threads hand their calls to one I/O thread of the client's,
  * which runs the asynchronous engine (async.c) on its own poll loop, so
  * every thread's calls share one connection per server, written together

@@ -31,6 +31,7 @@ struct tokenbucket_redis {
 	struct tbr__bridge *bridge; /* calls pipelined by an I/O thread, or NULL */
 	_Atomic int module;         /* TOKENBUCKET_REDIS_MODULE_*, read by every call */
 	_Atomic int connections;    /* per server, of the engines made from r; read by every call */
+	_Atomic bool used;          /* a call or an asynchronous client was made: options are set */
 	pthread_mutex_t deps_mu;    /* guards deps */
 	struct tbr__dependent *deps; /* leases still open on this client */
 };
@@ -239,6 +240,9 @@ static int run(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 {
 	if (r == NULL || (call->key == NULL && call->keylen > 0))
 		return -EINVAL;
+	/* Read first: a store from every call would share the line between threads. */
+	if (!atomic_load_explicit(&r->used, memory_order_relaxed))
+		atomic_store_explicit(&r->used, true, memory_order_relaxed);
 	char stack[256];
 	char *full = stack;
 	size_t len = r->prefixlen + call->keylen;
@@ -463,30 +467,50 @@ int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tok
 	if (r == NULL)
 		return -EINVAL;
 	const struct tbr__async_config cfg = engine_config(r, true);
-	return tbr__async_open(ap, &cfg, loop);
+	int err = tbr__async_open(ap, &cfg, loop);
+	if (err == 0)
+		atomic_store_explicit(&r->used, true, memory_order_relaxed);
+	return err;
 }
 
-int tokenbucket_redis_set_module(struct tokenbucket_redis *r, int mode)
+/* The options of opts that this library knows; -EINVAL or -E2BIG as tokenbucket_redis_configure. */
+static int options_read(const struct tokenbucket_redis_options *opts,
+			struct tokenbucket_redis_options *o)
 {
-	if (r == NULL || mode < TOKENBUCKET_REDIS_MODULE_AUTO || mode > TOKENBUCKET_REDIS_MODULE_ALWAYS)
+	const size_t known = sizeof(*o);
+	/* The first struct (1.2) is the smallest a caller can hold; no struct grows past 4 KiB. */
+	if (opts->size < known || opts->size > 4096)
 		return -EINVAL;
-	atomic_store_explicit(&r->module, mode, memory_order_relaxed);
+	/* A newer caller's fields past ours must hold their defaults (zero). */
+	for (size_t i = known; i < opts->size; i++)
+		if (((const unsigned char *)opts)[i] != 0)
+			return -E2BIG;
+	memcpy(o, opts, known);
+	if (o->pipelining != 0 && o->pipelining != 1)
+		return -EINVAL;
+	if (o->module < TOKENBUCKET_REDIS_MODULE_AUTO || o->module > TOKENBUCKET_REDIS_MODULE_ALWAYS)
+		return -EINVAL;
+	if (o->connections == 0)
+		o->connections = TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT;
+	if (o->connections < 1 || o->connections > TOKENBUCKET_REDIS_CONNECTIONS_MAX)
+		return -EINVAL;
 	return 0;
 }
 
-int tokenbucket_redis_set_connections(struct tokenbucket_redis *r, int count)
+int tokenbucket_redis_configure(struct tokenbucket_redis *r,
+				const struct tokenbucket_redis_options *opts)
 {
-	if (r == NULL || count < 1 || count > TOKENBUCKET_REDIS_CONNECTIONS_MAX)
+	if (r == NULL || opts == NULL)
 		return -EINVAL;
-	atomic_store_explicit(&r->connections, count, memory_order_relaxed);
-	return 0;
-}
-
-int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable)
-{
-	if (r == NULL || (enable != 0 && enable != 1))
-		return -EINVAL;
-	if (!enable) {
+	struct tokenbucket_redis_options o;
+	int err = options_read(opts, &o);
+	if (err != 0)
+		return err;
+	if (atomic_load_explicit(&r->used, memory_order_relaxed))
+		return -EBUSY;
+	atomic_store_explicit(&r->module, o.module, memory_order_relaxed);
+	atomic_store_explicit(&r->connections, o.connections, memory_order_relaxed);
+	if (!o.pipelining) {
 		tbr__bridge_close(r->bridge);
 		r->bridge = NULL;
 		return 0;

@@ -309,7 +309,7 @@ START_TEST(test_threads_share_a_client)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&shared_cli, srv.url, SEC, 30 * SEC), 0);
 	if (getenv("TOKENBUCKET_REDIS_PIPELINING") != NULL)
-		ck_assert_int_eq(tokenbucket_redis_set_pipelining(shared_cli, 1), 0);
+		ck_assert_int_eq(tokenbucket_redis_configure(shared_cli, REDIS_OPTIONS(.pipelining = 1)), 0);
 	pthread_t t[16];
 	struct hammer h[16] = { { 0, 0 } };
 	for (int i = 0; i < 16; i++)
@@ -401,11 +401,28 @@ static void piped_exact(void)
 START_TEST(test_pipelining_shares_one_connection)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 2), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(NULL, 1), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_connections(piped, 1), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0); /* already */
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 2)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(NULL, REDIS_OPTIONS(.pipelining = 1)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, NULL), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.module = 3)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.module = -1)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.connections = -1)),
+			 -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(
+				 piped, REDIS_OPTIONS(.connections = TOKENBUCKET_REDIS_CONNECTIONS_MAX + 1)),
+			 -EINVAL);
+	/* A caller built against a later, larger struct: its new fields must be 0. */
+	struct {
+		struct tokenbucket_redis_options o;
+		uint64_t later;
+	} newer = { { .size = sizeof(newer), .pipelining = 1, .connections = 1 }, 1 };
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), -E2BIG);
+	newer.o.size = sizeof(newer.o) - 1;
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), -EINVAL);
+	newer.later = 0;
+	newer.o.size = sizeof(newer);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), 0); /* again: the last counts */
 	piped_exact();
 	/*
 	 * One connection for all eight threads, the several-limit calls
@@ -418,7 +435,11 @@ START_TEST(test_pipelining_shares_one_connection)
 	 * four; then eight threads on keys of their own, which the engine
 	 * spreads over spares opened while all are busy.
 	 */
-	ck_assert_int_eq(tokenbucket_redis_set_connections(piped, 4), 0);
+	tokenbucket_redis_close(piped);
+	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 1,
+									  .connections = 4)),
+			 0);
 	ck_assert_int_eq(server_cmd(&srv, "DEL piped piped-all"), REDIS_REPLY_INTEGER);
 	piped_exact();
 	ck_assert_int_le(server_clients(), 6);
@@ -427,13 +448,12 @@ START_TEST(test_pipelining_shares_one_connection)
 	int lines = server_clients();
 	ck_assert_int_ge(lines, 4);
 	ck_assert_int_le(lines, 6);
-	/* Off again: the pool, a connection per thread in flight. */
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 0), 0);
+	/* Options are set before the first call, never under calls. */
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 0)), -EBUSY);
 	double tokens = -1;
 	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 1000 };
 	ck_assert_int_eq(tokenbucket_redis_tokens(piped, KEY("piped"), &fixed, &tokens, NULL), 0);
 	ck_assert(tokens == 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
 	tokenbucket_redis_close(piped); /* with the I/O thread running */
 }
 END_TEST
@@ -470,7 +490,7 @@ static void *crowd_calls(void *arg)
 START_TEST(test_pipelined_crowd_shares_wake_slots)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 30 * SEC), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 1)), 0);
 	atomic_store(&piped_granted, 0);
 	atomic_store(&piped_failed, 0);
 	pthread_attr_t attr;
@@ -514,7 +534,7 @@ static void *forking_calls(void *arg)
 START_TEST(test_fork_while_pipelined)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 1)), 0);
 	atomic_store(&piped_failed, 0);
 	atomic_store(&forking_stop, false);
 	pthread_t t[4];
