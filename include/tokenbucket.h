@@ -15,8 +15,9 @@
  *    latest time the bucket has seen is treated as that latest time.
  *  - Where "now" goes (since 1.2.0, followed by every function added since):
  *    a call that acts at a time comes as name(), which reads
- *    tokenbucket_now(), and name_at(), which takes now as its second
- *    argument, right after the bucket or table it acts on; a call that
+ *    tokenbucket_now(), and name_at(), which takes now right after the
+ *    object it acts on (a bucket; a set and its count; a table;
+ *    docs/limits.md, "Where now goes"); a call that
  *    sleeps takes an absolute deadline instead and has no _at form.  The
  *    1.0 and 1.1 cancel_at functions, which take now last, stay as shipped.
  *  - A rate and burst are said exactly by struct tokenbucket_limit (since
