@@ -456,7 +456,12 @@ enum tokenbucket_redis_op {
 	 * n > burst changes nothing and returns -E2BIG.  Leases use it for the
 	 * tokens they did not use.
 	 */
-	TOKENBUCKET_REDIS_REFUND
+	TOKENBUCKET_REDIS_REFUND,
+	/*
+	 * Since 1.2: tokenbucket_redis_allow_all, in the call of a struct
+	 * tokenbucket_redis_call_all (below), never in a call of its own.
+	 */
+	TOKENBUCKET_REDIS_ALLOW_ALL
 };
 /* Flags of struct tokenbucket_redis_call. */
 #define TOKENBUCKET_REDIS_AT (1u << 0)   /* use now, not the server's clock */
@@ -475,6 +480,21 @@ struct tokenbucket_redis_call {
 };
 
 /*
+ * Since 1.2.  Several limits in one key (tokenbucket_redis_allow_all) as a
+ * call: format, parse and async_start take &call_all.call, with call.op
+ * TOKENBUCKET_REDIS_ALLOW_ALL (call.limit unused), and read limits[0] to
+ * limits[count - 1] from here; the call struct of 1.0 cannot grow, so it
+ * is embedded.  res (may be NULL) receives the decision: from parse, and
+ * from async_start before done runs (it must then stay valid until done).
+ */
+struct tokenbucket_redis_call_all {
+	struct tokenbucket_redis_call call;
+	const struct tokenbucket_limit *limits;
+	size_t count;
+	struct tokenbucket_set_result *res;
+};
+
+/*
  * Writes the command for call in Redis's protocol to a new buffer *cmd of
  * *len bytes (free it with free()), to be sent on any connection.
  * -EINVAL: a NULL pointer, a bad op, flag or configuration.  -ENOMEM.
@@ -486,7 +506,9 @@ TOKENBUCKET_API int tokenbucket_redis_format(const struct tokenbucket_redis_call
  * 0 and *used bytes consumed once a whole reply is there, -EAGAIN while it
  * is not; -ENOEXEC when the script is not loaded (send the call again with
  * TOKENBUCKET_REDIS_EVAL); otherwise what the blocking call returns, with
- * *used set too.  res, rv (RESERVE) and tokens (TOKENS) may be NULL.
+ * *used set too.  res, rv (RESERVE) and tokens (TOKENS) may be NULL.  For
+ * TOKENBUCKET_REDIS_ALLOW_ALL the decision goes to the call_all's res, and
+ * to res in a single limit's terms (the limit at its index).
  */
 TOKENBUCKET_API int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call,
 					    const char *buf, size_t len, size_t *used,
@@ -564,7 +586,11 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
  * few connections per server (tokenbucket_redis_configure); calls
  * of one key in flight together share one and are decided in the order
  * started; a connection that times out or fails takes every call on it
- * with it, as the blocking call's connection would.  A CANCEL of a
+ * with it, as the blocking call's connection would.  A
+ * TOKENBUCKET_REDIS_ALLOW_ALL (struct tokenbucket_redis_call_all, limits
+ * copied) completes with its decision in res in a single limit's terms
+ * (the limit at its index) and whole in the call_all's res, written
+ * before done runs; -EBADMSG and -EPROTOTYPE as the blocking call.  A CANCEL of a
  * reservation the fallback made goes to tokenbucket_redis_cancel instead.
  * Nothing is written from here: the calls started before the loop's next
  * turn (from the program's own events, a timer, a loop over requests)
@@ -579,43 +605,6 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
 TOKENBUCKET_API int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 						  const struct tokenbucket_redis_call *call,
 						  tokenbucket_redis_done_fn *done, void *arg);
-/*
- * A several-limits decision's completion: err and, when err is 0, the
- * decision as tokenbucket_redis_allow_all gives it (all zero otherwise).
- * res is never NULL and is valid during the callback only.
- */
-typedef void tokenbucket_redis_set_done_fn(void *arg, int err,
-					   const struct tokenbucket_set_result *res);
-
-/*
- * Since 1.2.  tokenbucket_redis_allow_all (_at: on the caller's clock) on
- * the asynchronous client a: starts the decision on key (a's prefix
- * added) and returns at once; limits are copied.  done(arg, ...) is called
- * exactly once, later, from tokenbucket_redis_async_ready, _timeout or
- * _close, with what the blocking call would return: the decision, -E2BIG,
- * -EBADMSG, -EPROTOTYPE, -ETIME past the command timeout, a connection's
- * error, -ECANCELED when a is closed first, or, when Redis cannot answer, a
- * decision of the local fallback (res->flags TOKENBUCKET_RESULT_LOCAL).  It
- * goes as single calls do (module, function library or script, as a's
- * connection found; on a cluster to the key's slot, MOVED, ASK,
- * CLUSTERDOWN and TRYAGAIN followed), pipelined and batched with them
- * (tokenbucket_redis_async_start).  0, or before
- * anything starts (done is then not called): -EINVAL (a, limits or done
- * NULL, key NULL with keylen > 0, count 0 or above TOKENBUCKET_SET_MAX, a
- * bad rate), -ERANGE (a burst above TOKENBUCKET_BURST_MAX), -ECANCELED (a
- * is being closed), -ENOMEM.
- */
-TOKENBUCKET_API int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a,
-						      const void *key, size_t keylen,
-						      const struct tokenbucket_limit *limits,
-						      size_t count, uint64_t n,
-						      tokenbucket_redis_set_done_fn *done, void *arg);
-TOKENBUCKET_API int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a,
-							 const void *key, size_t keylen,
-							 const struct tokenbucket_limit *limits,
-							 size_t count, int64_t now, uint64_t n,
-							 tokenbucket_redis_set_done_fn *done,
-							 void *arg);
 /* Since 1.2.  fd, which the library asked to watch, is ready for events. */
 TOKENBUCKET_API void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd,
 						   unsigned events);

@@ -11,7 +11,7 @@
  * would, and "trivial" the same with EVALSHA of "return 1" (loaded
  * beforehand) instead of our calls; with "async" one thread keeps INFLIGHT calls outstanding through
  * the asynchronous client on a libevent loop, "async2" the same with
- * tokenbucket_redis_async_allow_all on two limits (the one below and a
+ * TOKENBUCKET_REDIS_ALLOW_ALL on two limits (the one below and a
  * quota of 10^6 an hour); with "piped" the threads
  * block as by default, their calls pipelined on a few connections
  * (tokenbucket_redis_configure, pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
@@ -206,7 +206,6 @@ struct async_slot {
 
 static void async_done(void *arg, int err, const struct tokenbucket_result *res,
 		       const struct tokenbucket_reservation *rv, double tokens);
-static void async_set_done(void *arg, int err, const struct tokenbucket_set_result *res);
 
 static void async_next(struct async_slot *s)
 {
@@ -216,10 +215,10 @@ static void async_next(struct async_slot *s)
 			   (unsigned long long)next_key(&w->seed, w->keys));
 	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = run->key,
 					       .keylen = (size_t)len, .limit = limit, .n = 1 };
+	struct tokenbucket_redis_call_all two = { .call = call, .limits = limits2, .count = 2 };
+	two.call.op = TOKENBUCKET_REDIS_ALLOW_ALL;
 	s->t0 = tokenbucket_now();
-	int err = run->two ? tokenbucket_redis_async_allow_all(run->a, run->key, (size_t)len, limits2, 2, 1,
-							       async_set_done, s)
-			   : tokenbucket_redis_async_start(run->a, &call, async_done, s);
+	int err = tokenbucket_redis_async_start(run->a, run->two ? &two.call : &call, async_done, s);
 	if (err == 0)
 		run->outstanding++;
 	else
@@ -242,12 +241,6 @@ static void async_done(void *arg, int err, const struct tokenbucket_result *res,
 		w->samples[w->nsamples++] = t1 - s->t0;
 	if (t1 < w->until)
 		async_next(s);
-}
-
-static void async_set_done(void *arg, int err, const struct tokenbucket_set_result *res)
-{
-	(void)res;
-	async_done(arg, err, NULL, NULL, 0);
 }
 
 static int async_loop(struct tokenbucket_redis *r, int inflight, bool two, struct worker *w)

@@ -422,8 +422,8 @@ static int allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen
 {
 	if (limits == NULL || count == 0 || count > TOKENBUCKET_SET_MAX || res == NULL)
 		return -EINVAL;
-	struct tbr__call_all all = {
-		.call = { .op = TBR__OP_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
 			  .key = key, .keylen = keylen, .now = now, .n = n },
 		.limits = limits,
 		.count = count,

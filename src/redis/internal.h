@@ -49,7 +49,7 @@ extern const char tbr__function_name[];
  * reply.  The command is argc words from argv + first.
  */
 #define TBR__ARGC 12
-/* allow_all's words: 7, three per limit (tbr__call_all) and the reply form. */
+/* allow_all's words: 7, three per limit (struct tokenbucket_redis_call_all) and the reply form. */
 #define TBR__ARGC_ALL (8 + 3 * TOKENBUCKET_SET_MAX)
 struct tbr__args {
 	const char *argv[TBR__ARGC_ALL];
@@ -58,23 +58,20 @@ struct tbr__args {
 	int first, argc;
 };
 
-/*
- * Several limits in one key (tokenbucket_redis_allow_all): an op past the
- * public ones, only ever in the call of a struct tbr__call_all, which the
- * blocking calls and tokenbucket_redis_async_allow_all pass down by the
- * address of its call.  The public entry points that take a call from the
- * caller (tokenbucket_redis_format, _parse, _async_start) refuse the op.
- */
-#define TBR__OP_ALLOW_ALL ((enum tokenbucket_redis_op)64)
-struct tbr__call_all {
-	struct tokenbucket_redis_call call; /* op TBR__OP_ALLOW_ALL; call.limit unused */
-	const struct tokenbucket_limit *limits;
-	size_t count;
-	struct tokenbucket_set_result *res; /* tbr__decode's output, or NULL */
-};
-static inline struct tbr__call_all *tbr__call_all_of(const struct tokenbucket_redis_call *call)
+/* The struct tokenbucket_redis_call_all whose call is call (op TOKENBUCKET_REDIS_ALLOW_ALL). */
+static inline struct tokenbucket_redis_call_all *
+tbr__call_all_of(const struct tokenbucket_redis_call *call)
 {
-	return (struct tbr__call_all *)((char *)call - offsetof(struct tbr__call_all, call));
+	return (struct tokenbucket_redis_call_all *)((char *)call -
+						     offsetof(struct tokenbucket_redis_call_all, call));
+}
+/* What a several-limits decision says in the terms of a single one (its index aside). */
+static inline struct tokenbucket_result tbr__result_of_set(const struct tokenbucket_set_result *s)
+{
+	return (struct tokenbucket_result){ .allowed = s->allowed, .flags = s->flags,
+					    .limit = s->limit, .remaining = s->remaining,
+					    .retry_after_ns = s->retry_after_ns,
+					    .reset_after_ns = s->reset_after_ns };
 }
 
 /*

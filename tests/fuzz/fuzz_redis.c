@@ -99,8 +99,8 @@ static void decision_all(const uint8_t *cfg, const redisReply *rep)
 							      .burst = 1 + (cfg[2] + i) % 16 };
 	struct tokenbucket_set_result res;
 	memset(&res, 0xa5, sizeof(res));
-	struct tbr__call_all all = {
-		.call = { .op = TBR__OP_ALLOW_ALL, .key = "k", .keylen = 1, .n = 1 },
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .key = "k", .keylen = 1, .n = 1 },
 		.limits = limits, .count = count, .res = &res,
 	};
 	int err = tbr__decode(&all.call, rep, NULL, NULL, NULL);

@@ -799,13 +799,44 @@ START_TEST(test_allow_all)
 	ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
 	ck_assert_str_eq(r->str, "ERR tokenbucket: bad reply form");
 	freeReplyObject(r);
-	/* The public codec takes no allow_all: it is no op of struct tokenbucket_redis_call. */
+	/* An op past those the library knows is refused. */
 	struct tokenbucket_redis_call call = { .op = (enum tokenbucket_redis_op)64, .key = "k",
 					       .keylen = 1, .limit = *TBR_OLD(&two[0]) };
 	char *cmd;
 	size_t len, used;
 	ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_parse(&call, "*0\r\n", 4, &used, NULL, NULL, NULL), -EINVAL);
+	/* The public codec says allow_all through a struct tokenbucket_redis_call_all. */
+	struct tokenbucket_set_result set;
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .key = "k", .keylen = 1, .n = 1 },
+		.limits = two, .count = 2, .res = &set,
+	};
+	ck_assert_int_eq(tokenbucket_redis_format(&all.call, &cmd, &len), 0);
+	ck_assert_ptr_nonnull(memmem(cmd, len, "allow_all", 9));
+	free(cmd);
+	/* { code 1, index 1, level 2, wait 0, full in 1000 ns }: taken, limit 1 the fewest. */
+	static const char reply[] = "*5\r\n:1\r\n:1\r\n:2\r\n:0\r\n:1000\r\n";
+	struct tokenbucket_result one;
+	ck_assert_int_eq(tokenbucket_redis_parse(&all.call, reply, sizeof(reply) - 1, &used, &one,
+						 NULL, NULL),
+			 0);
+	ck_assert_uint_eq(used, sizeof(reply) - 1);
+	ck_assert(set.allowed && one.allowed);
+	ck_assert_uint_eq(set.index, 1);
+	ck_assert_uint_eq(set.limit, 3);
+	ck_assert_uint_eq(one.limit, 3);
+	ck_assert_uint_eq(set.remaining, 2);
+	ck_assert_uint_eq(one.remaining, 2);
+	ck_assert_int_eq(set.reset_after_ns, 1000);
+	ck_assert_int_eq(one.reset_after_ns, 1000);
+	/* Index 2 of 2 limits: not a reply to this call. */
+	static const char beyond[] = "*5\r\n:1\r\n:2\r\n:2\r\n:0\r\n:1000\r\n";
+	ck_assert_int_eq(tokenbucket_redis_parse(&all.call, beyond, sizeof(beyond) - 1, &used, NULL,
+						 NULL, NULL),
+			 -EPROTO);
+	all.count = 0;
+	ck_assert_int_eq(tokenbucket_redis_format(&all.call, &cmd, &len), -EINVAL);
 	redisFree(x);
 }
 END_TEST

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tokenbucket_redis_async_allow_all[_at] through each adapter (libevent,
+ * TOKENBUCKET_REDIS_ALLOW_ALL calls of tokenbucket_redis_async_start
+ * (struct tokenbucket_redis_call_all) through each adapter (libevent,
  * libuv) against a real server, with the module when TOKENBUCKET_REDIS_MODULE
  * names it, and on a real cluster.  Every answer what the blocking
  * tokenbucket_redis_allow_all[_at] gives on the same sequence, every
@@ -41,6 +42,71 @@ static const struct tokenbucket_limit two[2] = {
 static void start_all(const char *key, const struct tokenbucket_limit *limits, size_t count,
 		      uint64_t n);
 
+/* A several-limits completion, as tests want it: the whole decision. */
+typedef void set_done_fn(void *arg, int err, const struct tokenbucket_set_result *res);
+struct set_start {
+	struct tokenbucket_set_result res; /* the call_all's: the engine writes it */
+	set_done_fn *done;
+	void *arg;
+};
+
+static void set_started(void *p, int err, const struct tokenbucket_result *one,
+			const struct tokenbucket_reservation *rv, double tokens)
+{
+	struct set_start *s = p;
+	ck_assert_ptr_nonnull(one);
+	ck_assert(rv == NULL && tokens == 0);
+	if (err != 0) {
+		memset(&s->res, 0, sizeof(s->res));
+	} else {
+		/* done's res is the decision in a single limit's terms. */
+		ck_assert(one->allowed == s->res.allowed && one->flags == s->res.flags);
+		ck_assert_uint_eq(one->limit, s->res.limit);
+		ck_assert_uint_eq(one->remaining, s->res.remaining);
+		ck_assert_int_eq(one->retry_after_ns, s->res.retry_after_ns);
+		ck_assert_int_eq(one->reset_after_ns, s->res.reset_after_ns);
+	}
+	struct set_start copy = *s;
+	free(s);
+	copy.done(copy.arg, err, &copy.res);
+}
+
+/* Starts a TOKENBUCKET_REDIS_ALLOW_ALL call on a (_at: at now). */
+static int start_set(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+		     const struct tokenbucket_limit *limits, size_t count, bool at, int64_t now,
+		     uint64_t n, set_done_fn *done, void *arg)
+{
+	struct set_start *s = calloc(1, sizeof(*s));
+	ck_assert_ptr_nonnull(s);
+	s->done = done;
+	s->arg = arg;
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
+			  .key = key, .keylen = keylen, .now = now, .n = n },
+		.limits = limits,
+		.count = count,
+		.res = &s->res,
+	};
+	int err = tokenbucket_redis_async_start(a, &all.call, done != NULL ? set_started : NULL, s);
+	if (err != 0)
+		free(s);
+	return err;
+}
+
+static int async_allow_all(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+			   const struct tokenbucket_limit *limits, size_t count, uint64_t n,
+			   set_done_fn *done, void *arg)
+{
+	return start_set(a, key, keylen, limits, count, false, 0, n, done, arg);
+}
+
+static int async_allow_all_at(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+			      const struct tokenbucket_limit *limits, size_t count, int64_t now,
+			      uint64_t n, set_done_fn *done, void *arg)
+{
+	return start_set(a, key, keylen, limits, count, true, now, n, done, arg);
+}
+
 static void set_done(void *arg, int err, const struct tokenbucket_set_result *res)
 {
 	struct slot *s = arg;
@@ -58,7 +124,7 @@ static void start_all(const char *key, const struct tokenbucket_limit *limits, s
 		      uint64_t n)
 {
 	ck_assert_int_lt(started, MAX_CALLS);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY(key), limits, count, n, set_done,
+	ck_assert_int_eq(async_allow_all(ac, KEY(key), limits, count, n, set_done,
 							   &slots[started]),
 			 0);
 	started++;
@@ -179,7 +245,7 @@ START_TEST(test_same_as_blocking)
 		uint64_t n = rnd(&x) % 6 == 0 ? rnd(&x) % 60 : rnd(&x) % 4;
 		want_err[i] = tokenbucket_redis_allow_all_at(acli, KEY("diff:blocking"), limits, count,
 							     now, n, &want[i]);
-		ck_assert_int_eq(tokenbucket_redis_async_allow_all_at(ac, KEY("diff:async"), limits,
+		ck_assert_int_eq(async_allow_all_at(ac, KEY("diff:async"), limits,
 								      count, now, n, set_done,
 								      &slots[started]),
 				 0);
@@ -449,7 +515,7 @@ static void close_client(void)
 	tokenbucket_redis_async_close(ac);
 	ac = NULL;
 	/* Within the callback the client is still there, refusing new calls. */
-	start_after_close = tokenbucket_redis_async_allow_all(closed, KEY("c"), two, 2, 1, set_done,
+	start_after_close = async_allow_all(closed, KEY("c"), two, 2, 1, set_done,
 							      &slots[MAX_CALLS - 1]);
 }
 
@@ -490,26 +556,26 @@ START_TEST(test_bad_arguments)
 	for (size_t i = 0; i < TOKENBUCKET_SET_MAX + 1; i++)
 		many[i] = two[0];
 	struct slot *s = &slots[0];
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(NULL, KEY("b"), two, 2, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(NULL, KEY("b"), two, 2, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), NULL, 2, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), NULL, 2, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), two, 0, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), two, 0, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), many,
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), many,
 							   TOKENBUCKET_SET_MAX + 1, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), two, 2, 1, NULL, s), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all_at(ac, NULL, 1, two, 2, 0, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), two, 2, 1, NULL, s), -EINVAL);
+	ck_assert_int_eq(async_allow_all_at(ac, NULL, 1, two, 2, 0, 1, set_done, s),
 			 -EINVAL);
 	struct tokenbucket_limit bad[2] = { two[0], two[1] };
 	bad[1].tokens = 1;
 	bad[1].period_ns = 0;
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), bad, 2, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), bad, 2, 1, set_done, s),
 			 -EINVAL);
 	bad[1] = two[1];
 	bad[1].burst = TOKENBUCKET_BURST_MAX + 1;
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all_at(ac, KEY("b"), bad, 2, 5, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all_at(ac, KEY("b"), bad, 2, 5, 1, set_done, s),
 			 -ERANGE);
 	/* The blocking call agrees on each. */
 	struct tokenbucket_set_result res;

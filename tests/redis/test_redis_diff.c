@@ -144,6 +144,8 @@ static int sequence(struct tokenbucket_redis *c, redisContext *x, uint64_t seed,
 			ck_assert_msg(err == ex.err, "%s step %d: reset %d, local %d", key, done, err,
 				      ex.err);
 			break;
+		case TOKENBUCKET_REDIS_ALLOW_ALL: /* run_set's, never a single key's step */
+			ck_abort_msg("allow_all in a single key's sequence");
 		}
 		if (x != NULL)
 			twin_step(x, key, twin, &st, &res, done);
