@@ -315,7 +315,7 @@ TOKENBUCKET_API int tokenbucket_redis_allow_all_at(struct tokenbucket_redis *r, 
 						   size_t count, int64_t now, uint64_t n,
 						   struct tokenbucket_set_result *res);
 
-/* ---- Leases: a hot key decided locally (since 1.2) ------------------------ */
+/* ---- Leases: a hot key decided locally ----------------------------------- */
 
 struct tokenbucket_redis_lease;
 
@@ -517,7 +517,7 @@ TOKENBUCKET_API int tokenbucket_redis_parse(const struct tokenbucket_redis_call 
 /* The Lua script's text (NUL-terminated) and, if sha1 is not NULL, its SHA-1 in hex. */
 TOKENBUCKET_API const char *tokenbucket_redis_script(const char **sha1);
 
-/* ---- Without blocking: an event loop drives the client (since 1.2) ----- */
+/* ---- The asynchronous client: an event loop drives it -------------------- */
 
 struct tokenbucket_redis_async;
 
