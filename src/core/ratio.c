@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "core.h"
+#include "span.h"
 
 typedef tb__u128 u128;
 
@@ -30,12 +31,6 @@ u128 tb__gcd(u128 a, u128 b)
 		y = t;
 	}
 	return x;
-}
-
-/* Time differences are taken modulo 2^64: correct for any a >= b. */
-static uint64_t span(int64_t a, int64_t b)
-{
-	return (uint64_t)a - (uint64_t)b;
 }
 
 #define fine_units tb__fine_units
@@ -160,7 +155,7 @@ int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j)
 	u128 rem = at >= v->origin ? tb__mod(fine_units(v, at), v->q) : 0;
 	u128 need = (u128)j * v->q - rem; /* fine units still to produce */
 	u128 wait = tb__div(need + v->p - 1, v->p);
-	if (wait >= (u128)span(TOKENBUCKET_NEVER, at))
+	if (wait >= (u128)tb__span(TOKENBUCKET_NEVER, at))
 		return TOKENBUCKET_NEVER;
 	return (int64_t)((uint64_t)at + (uint64_t)wait); /* in range; wait may pass INT64_MAX */
 }
@@ -200,7 +195,7 @@ int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0)
 		return INT64_MAX;
 	/* The smallest span with span * p + fine0 >= TB__ANCHOR * q (fine0 < q). */
 	u128 d = ((u128)TB__ANCHOR * q - fine0 + p - 1) / p;
-	if (d >= (u128)span(INT64_MAX, origin))
+	if (d >= (u128)tb__span(INT64_MAX, origin))
 		return INT64_MAX; /* no time the bucket sees is that far */
 	return (int64_t)((uint64_t)origin + (uint64_t)d);
 }
@@ -242,7 +237,7 @@ uint64_t tb__carry(const struct tb__view *old, uint64_t p, uint64_t q, int64_t a
 		return 0;
 	u128 rem = fine_units(old, at) % old->q;
 	u128 carry = rem * q / ((u128)old->q * p);
-	u128 room = span(at, TB__NO_TIME + 1);
+	u128 room = tb__span(at, TB__NO_TIME + 1);
 	if (carry > room)
 		carry = room; /* the time base starts there: carry what fits */
 	return (uint64_t)(carry * p);
