@@ -203,6 +203,10 @@ void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst
  * bucket's clock: the report of tokenbucket_allow_result_at.  0, or
  * -EBADMSG for a corrupt bucket.  (Sets report each bucket with it.)
  */
+/* Nanoseconds until a bucket at level is full again (burst): 0 if full, NEVER if never. */
+int64_t tb__reset_after(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level);
+/* Whole seconds in ns, rounded up; NEVER stays NEVER. */
+int64_t tb__seconds_up(int64_t ns);
 int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res);
 /*
  * Folds member i's result into the result of a set decision (buckets or
