@@ -92,7 +92,7 @@ static ngx_inline ngx_int_t ngx_http_tokenbucket_header(ngx_http_request_t *r, n
  * RateLimit: "NAME";r=REMAINING;t=RESET, written backwards from its end in
  * one allocation; no t when the bucket never refills (reset < 0).
  */
-static ngx_int_t ngx_http_tokenbucket_ratelimit(ngx_http_request_t *r,
+static ngx_inline ngx_int_t ngx_http_tokenbucket_ratelimit(ngx_http_request_t *r,
 						ngx_http_tokenbucket_conf_t *tcf,
 						ngx_str_t *item, uint64_t remaining,
 						ngx_int_t reset)

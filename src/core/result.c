@@ -37,11 +37,9 @@ int64_t tb__reset_after(const struct tb__view *v, int64_t at, uint64_t burst, in
 	return level >= (int64_t)burst ? 0 : until(v, at, burst - (uint64_t)level);
 }
 
-int64_t tb__seconds_up(int64_t ns)
+int64_t tb__reset_seconds(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level)
 {
-	/* Unsigned: NEVER - 1 + 999999999 passes INT64_MAX. */
-	return ns == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER
-				       : (int64_t)(((uint64_t)ns + 999999999u) / 1000000000u);
+	return level >= (int64_t)burst ? 0 : tb__seconds_of(v, at, burst - (uint64_t)level);
 }
 
 int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res)

@@ -227,7 +227,7 @@ int tokenbucket_table_allow_reset_at(struct tokenbucket_table *t, int64_t now, c
 	if (err)
 		return err;
 	*remaining = o.level > 0 ? (uint64_t)o.level : 0;
-	*reset_s = tb__seconds_up(tb__reset_after(&c.v, o.at, c.burst, o.level));
+	*reset_s = tb__reset_seconds(&c.v, o.at, c.burst, o.level);
 	return o.allowed;
 }
 

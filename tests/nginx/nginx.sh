@@ -913,6 +913,7 @@ config)
 	bad "$z" "location / { tokenbucket zone=z key=\$http_x_key delay=soon; }" tokenbucket 'delay=soon'
 	bad "$z" "location / { tokenbucket zone=z; }" tokenbucket 'key='
 	bad "$z" "$l tokenbucket_status 200;" tokenbucket_status '"200"' 'between 400 and 599'
+	bad "$z" "$l tokenbucket_headers draft;" 'invalid value "draft"'
 	bad "$z $z" "" tokenbucket_zone '"z" is already defined'
 	bad "$z tokenbucket_zone zone=z keys=20 rate=1r/s;" "" tokenbucket_zone '"z" is already defined'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s rate=2r/s rate=3r/s rate=4r/s rate=5r/s;" "" \
