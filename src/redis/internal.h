@@ -18,7 +18,7 @@
 
 #include "tokenbucket-redis.h"
 
-/* The script, embedded at build time from tokenbucket.lua (script.c). */
+/* The script, embedded at build time: tokenbucket.lua, joined from script-*.lua (script.c). */
 extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
 /* The Redis 7 function library (tokenbucket-function.lua) and its function's name. */

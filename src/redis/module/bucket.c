@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The script's general path (src/redis/tokenbucket.lua, "the general path")
+ * The script's general path (src/redis/script-2-general.lua, "the general path")
  * in 128-bit integers.  The script does the same arithmetic in doubles and
  * base-2^24 limbs, exact over the same ranges; every product here stays
  * below 2^128 (the bounds are noted where they are not plain): t - clock <
