@@ -8,7 +8,7 @@
  * module, else FCALL of the client's function library where it has
  * functions (Redis 7), else EVALSHA of the Lua script (installed as
  * tokenbucket.lua); each connection finds out which once, when it is made
- * (tokenbucket_redis_set_module, tokenbucket-redis(7)).  A script cache
+ * (tokenbucket_redis_configure, tokenbucket-redis(7)).  A script cache
  * lost to a restart, a failover or SCRIPT FLUSH is refilled with EVAL on
  * the same call.  A client of a Redis Cluster
  * (tokenbucket_redis_open_cluster, since 1.1) routes each call to the
@@ -22,7 +22,8 @@
  *    would do.
  *  - Time comes from the Redis server (TIME, nanoseconds since the epoch);
  *    the _at functions take the caller's time instead, on any time base
- *    that every user of the key shares.  Time never runs backwards per key.
+ *    that every user of the key shares, as now right after the key and
+ *    its limit(s) (docs/limits.md, "Where now goes").  Time never runs backwards per key.
  *    A key written at the server's time expires a second after its bucket
  *    is full again (a missing key is a full bucket); one written by an _at
  *    call does not expire, since its time need not be the server's.
@@ -30,8 +31,8 @@
  *    for the table.  -ETIME means no reply within the command timeout.
  *  - One client may be used from any number of threads at once: each call
  *    takes a connection from the client's pool (opening one when none is
- *    idle), so calls run in parallel.  The set_* functions must not run
- *    concurrently with calls.
+ *    idle), so calls run in parallel.  The set_* functions and
+ *    tokenbucket_redis_configure must not run concurrently with calls.
  */
 #ifndef TOKENBUCKET_REDIS_H
 #define TOKENBUCKET_REDIS_H
@@ -47,7 +48,12 @@ extern "C" {
 
 struct tokenbucket_redis;
 
-/* A key's configuration: tokens per period_ns (tokens 0: rate 0), and burst. */
+/*
+ * A key's configuration as the 1.0 and 1.1 functions take it: tokens per
+ * period_ns (tokens 0: rate 0), and burst.  Its layout is that of struct
+ * tokenbucket_limit, which every function since 1.2 takes (the library
+ * asserts that the two match).
+ */
 struct tokenbucket_redis_limit {
 	uint64_t tokens;
 	int64_t period_ns;
@@ -120,51 +126,64 @@ TOKENBUCKET_API int tokenbucket_redis_set_prefix(struct tokenbucket_redis *r,
 TOKENBUCKET_API int tokenbucket_redis_set_fallback(struct tokenbucket_redis *r, double share);
 
 /*
- * Since 1.2.  enable 1: the blocking calls of every thread share a few
- * connections per server, written together and answered in order by an
- * I/O thread of the client's (auto-pipelining), so threads no longer need
- * a connection each (up to tokenbucket_redis_set_connections per server); a call's errors, timeout, fallback and redirections
- * are those of tokenbucket_redis_async_start.  enable 0 (the default):
- * each call in flight has a pooled connection of its own.  Like the
- * other set_* functions, not concurrently with calls.  The I/O thread
- * does not survive fork(): in a child the calls take pooled connections.  -EINVAL: r NULL, enable not 0 or 1.
- * -ENOMEM, -EAGAIN (no thread), -EMFILE.
- */
-TOKENBUCKET_API int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable);
-
-/*
- * Since 1.2.  How many connections per server the asynchronous clients
- * made from r and its pipelining may use: 1 to
- * TOKENBUCKET_REDIS_CONNECTIONS_MAX, TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT
- * until set.  A server's first connection opens with its first call;
- * another opens only while every one is busy, so a quiet client keeps
- * one.  A call goes on the connection with the fewest calls in flight,
- * except that the calls of one key in flight together share one
- * connection, so a key's calls are decided in the order they were
- * started.  Applies to the calls started after it; connections already
- * open stay until they close.  0, or -EINVAL: r NULL, count out of range.
- */
-#define TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT 4
-#define TOKENBUCKET_REDIS_CONNECTIONS_MAX 64
-TOKENBUCKET_API int tokenbucket_redis_set_connections(struct tokenbucket_redis *r, int count);
-
-/*
- * Which command decides (1.2).  Every connection asks its server once, when
- * it is made, whether the native module is loaded (TOKENBUCKET.VERSION, a
- * version this library speaks); with _AUTO (the default) its calls then go
- * as TOKENBUCKET.CALL, otherwise as FCALL of the function library where
- * the server has functions, else as the script, and a server that unloads
- * the module makes the connection go back to the script.  All decide
- * alike on the same stored value.  _NEVER always sends the script; _ALWAYS
- * always sends TOKENBUCKET.CALL (a server without the module answers
- * -EPROTO), for tests and benchmarks.  Applies to the calls started after
- * it, of r and of the asynchronous clients and the pipelining made from r.
- * 0, or -EINVAL.
+ * Since 1.2.  A client's options, all given at once by
+ * tokenbucket_redis_configure.  size is sizeof(struct
+ * tokenbucket_redis_options) as the caller was compiled: later versions
+ * add fields at the end, and a field the library does not know must be 0.
+ * Every field 0 is the default.
+ *  - pipelining 1: the blocking calls of every thread share a few
+ *    connections per server, written together and answered in order by an
+ *    I/O thread of the client's (auto-pipelining), so threads no longer
+ *    need a connection each; a call's errors, timeout, fallback and
+ *    redirections are those of tokenbucket_redis_async_start.  0: each
+ *    call in flight has a pooled connection of its own.  The I/O thread
+ *    does not survive fork(): in a child the calls take pooled
+ *    connections.
+ *  - module: which command decides.  Every connection asks its server
+ *    once, when it is made, whether the native module is loaded
+ *    (TOKENBUCKET.VERSION, a version this library speaks); with _AUTO its
+ *    calls then go as TOKENBUCKET.CALL, otherwise as FCALL of the function
+ *    library where the server has functions, else as the script, and a
+ *    server that unloads the module makes the connection go back to the
+ *    script.  All decide alike on the same stored value.  _NEVER always
+ *    sends the script; _ALWAYS always sends TOKENBUCKET.CALL (a server
+ *    without the module answers -EPROTO), for tests and benchmarks.
+ *  - connections: how many connections per server the asynchronous
+ *    clients made from r and its pipelining may use, 1 to
+ *    TOKENBUCKET_REDIS_CONNECTIONS_MAX (0: _DEFAULT).  A server's first
+ *    connection opens with its first call; another opens only while every
+ *    one is busy, so a quiet client keeps one.  A call goes on the
+ *    connection with the fewest calls in flight, except that the calls of
+ *    one key in flight together share one, so a key's calls are decided in
+ *    the order they were started.
  */
 #define TOKENBUCKET_REDIS_MODULE_AUTO 0
 #define TOKENBUCKET_REDIS_MODULE_NEVER 1
 #define TOKENBUCKET_REDIS_MODULE_ALWAYS 2
-TOKENBUCKET_API int tokenbucket_redis_set_module(struct tokenbucket_redis *r, int mode);
+#define TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT 4
+#define TOKENBUCKET_REDIS_CONNECTIONS_MAX 64
+struct tokenbucket_redis_options {
+	size_t size;     /* sizeof(struct tokenbucket_redis_options) */
+	int pipelining;  /* 0 or 1 */
+	int module;      /* TOKENBUCKET_REDIS_MODULE_* */
+	int connections; /* per server; 0: TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT */
+};
+
+/*
+ * Since 1.2.  Sets r's options (copied) after tokenbucket_redis_open or
+ * _open_cluster and before r's first call or asynchronous client, as
+ * libuv's uv_loop_configure comes before uv_run: one function serves every
+ * kind of client (a URL, a Sentinel, a cluster's seeds), where options
+ * given to the open functions would need an open of each kind, and a
+ * client's calls never see its options change.  May be called again
+ * until then; the last call counts.  0, or -EINVAL: r or opts NULL,
+ * opts->size below this struct's, a field out of range.  -E2BIG: a field
+ * past those this library knows is not 0.  -EBUSY: r already made a call
+ * or an asynchronous client (nothing changes).  With pipelining: -ENOMEM,
+ * -EAGAIN (no thread), -EMFILE.
+ */
+TOKENBUCKET_API int tokenbucket_redis_configure(struct tokenbucket_redis *r,
+						const struct tokenbucket_redis_options *opts);
 
 /* ---- Decisions ----------------------------------------------------------- */
 
@@ -221,10 +240,10 @@ TOKENBUCKET_API int tokenbucket_redis_cancel_at(struct tokenbucket_redis *r, con
  */
 TOKENBUCKET_API int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key,
 					     size_t keylen,
-					     const struct tokenbucket_redis_limit *lim, uint64_t n);
+					     const struct tokenbucket_limit *lim, uint64_t n);
 TOKENBUCKET_API int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key,
 						size_t keylen,
-						const struct tokenbucket_redis_limit *lim,
+						const struct tokenbucket_limit *lim,
 						int64_t now, uint64_t n);
 /*
  * Go's TokensAt: *tokens is the level (negative in debt, fractional where
@@ -287,16 +306,16 @@ TOKENBUCKET_API int tokenbucket_redis_wait(struct tokenbucket_redis *r, const vo
  */
 TOKENBUCKET_API int tokenbucket_redis_allow_all(struct tokenbucket_redis *r, const void *key,
 						size_t keylen,
-						const struct tokenbucket_redis_limit *limits,
+						const struct tokenbucket_limit *limits,
 						size_t count, uint64_t n,
 						struct tokenbucket_set_result *res);
 TOKENBUCKET_API int tokenbucket_redis_allow_all_at(struct tokenbucket_redis *r, const void *key,
 						   size_t keylen,
-						   const struct tokenbucket_redis_limit *limits,
+						   const struct tokenbucket_limit *limits,
 						   size_t count, int64_t now, uint64_t n,
 						   struct tokenbucket_set_result *res);
 
-/* ---- Leases: a hot key decided locally (since 1.2) ------------------------ */
+/* ---- Leases: a hot key decided locally ----------------------------------- */
 
 struct tokenbucket_redis_lease;
 
@@ -331,7 +350,7 @@ struct tokenbucket_redis_lease;
 TOKENBUCKET_API int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp,
 						 struct tokenbucket_redis *r, const void *key,
 						 size_t keylen,
-						 const struct tokenbucket_redis_limit *lim,
+						 const struct tokenbucket_limit *lim,
 						 double share, int64_t window_ns);
 /*
  * Since 1.2.  Go's AllowN on the lease's key, decided locally from the
@@ -368,7 +387,7 @@ TOKENBUCKET_API int tokenbucket_redis_lease_close(struct tokenbucket_redis_lease
  * Since 1.2.  Go's ReserveN on a lease: n tokens from those it holds, or
  * queued for the lease's next refills (first come, first covered).  The
  * tokens are the caller's only once covered: when *rv comes back with
- * rv->ticket 0 (covered at once), or once tokenbucket_redis_lease_missing
+ * rv->ticket 0 (covered at once), or once tokenbucket_redis_lease_deficiency
  * says 0.  rv->time_to_act (tokenbucket_now()'s clock) is then an
  * estimate, never a promise: what the key's full rate needs to make the
  * tokens queued up to this reservation, after a round trip; contention or
@@ -383,14 +402,15 @@ TOKENBUCKET_API int tokenbucket_redis_lease_reserve(struct tokenbucket_redis_lea
 						    uint64_t n, int64_t max_wait,
 						    struct tokenbucket_reservation *rv);
 /*
- * Since 1.2.  *missing: the tokens reservation rv of lease l still lacks;
- * 0 means go.  -EINVAL: a NULL argument, or rv not made by l.
- * -ESHUTDOWN: the client was closed (a reservation queued then is never
- * covered: *missing stays above 0).
+ * Since 1.2.  *deficiency: the tokens reservation rv of lease l still
+ * lacks, as tokenbucket_deficiency() says of a bucket's ticket; 0 means
+ * go.  -EINVAL: a NULL argument, or rv not made by l.  -ESHUTDOWN: the
+ * client was closed (a reservation queued then is never covered:
+ * *deficiency stays above 0).
  */
-TOKENBUCKET_API int tokenbucket_redis_lease_missing(struct tokenbucket_redis_lease *l,
-						    const struct tokenbucket_reservation *rv,
-						    uint64_t *missing);
+TOKENBUCKET_API int tokenbucket_redis_lease_deficiency(struct tokenbucket_redis_lease *l,
+						       const struct tokenbucket_reservation *rv,
+						       uint64_t *deficiency);
 /*
  * Since 1.2.  Gives back exactly the tokens reservation rv took, covered or
  * not, whatever the time (unlike tokenbucket_cancel: time_to_act is only an
@@ -436,7 +456,12 @@ enum tokenbucket_redis_op {
 	 * n > burst changes nothing and returns -E2BIG.  Leases use it for the
 	 * tokens they did not use.
 	 */
-	TOKENBUCKET_REDIS_REFUND
+	TOKENBUCKET_REDIS_REFUND,
+	/*
+	 * Since 1.2: tokenbucket_redis_allow_all, in the call of a struct
+	 * tokenbucket_redis_call_all (below), never in a call of its own.
+	 */
+	TOKENBUCKET_REDIS_ALLOW_ALL
 };
 /* Flags of struct tokenbucket_redis_call. */
 #define TOKENBUCKET_REDIS_AT (1u << 0)   /* use now, not the server's clock */
@@ -455,6 +480,21 @@ struct tokenbucket_redis_call {
 };
 
 /*
+ * Since 1.2.  Several limits in one key (tokenbucket_redis_allow_all) as a
+ * call: format, parse and async_start take &call_all.call, with call.op
+ * TOKENBUCKET_REDIS_ALLOW_ALL (call.limit unused), and read limits[0] to
+ * limits[count - 1] from here; the call struct of 1.0 cannot grow, so it
+ * is embedded.  res (may be NULL) receives the decision: from parse, and
+ * from async_start before done runs (it must then stay valid until done).
+ */
+struct tokenbucket_redis_call_all {
+	struct tokenbucket_redis_call call;
+	const struct tokenbucket_limit *limits;
+	size_t count;
+	struct tokenbucket_set_result *res;
+};
+
+/*
  * Writes the command for call in Redis's protocol to a new buffer *cmd of
  * *len bytes (free it with free()), to be sent on any connection.
  * -EINVAL: a NULL pointer, a bad op, flag or configuration.  -ENOMEM.
@@ -466,7 +506,9 @@ TOKENBUCKET_API int tokenbucket_redis_format(const struct tokenbucket_redis_call
  * 0 and *used bytes consumed once a whole reply is there, -EAGAIN while it
  * is not; -ENOEXEC when the script is not loaded (send the call again with
  * TOKENBUCKET_REDIS_EVAL); otherwise what the blocking call returns, with
- * *used set too.  res, rv (RESERVE) and tokens (TOKENS) may be NULL.
+ * *used set too.  res, rv (RESERVE) and tokens (TOKENS) may be NULL.  For
+ * TOKENBUCKET_REDIS_ALLOW_ALL the decision goes to the call_all's res, and
+ * to res in a single limit's terms (the limit at its index).
  */
 TOKENBUCKET_API int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call,
 					    const char *buf, size_t len, size_t *used,
@@ -475,7 +517,7 @@ TOKENBUCKET_API int tokenbucket_redis_parse(const struct tokenbucket_redis_call 
 /* The Lua script's text (NUL-terminated) and, if sha1 is not NULL, its SHA-1 in hex. */
 TOKENBUCKET_API const char *tokenbucket_redis_script(const char **sha1);
 
-/* ---- Without blocking: an event loop drives the client (since 1.2) ----- */
+/* ---- The asynchronous client: an event loop drives it -------------------- */
 
 struct tokenbucket_redis_async;
 
@@ -516,9 +558,9 @@ typedef void tokenbucket_redis_done_fn(void *arg, int err, const struct tokenbuc
 /*
  * Since 1.2.  An asynchronous client on r's server or cluster: same
  * address (or seeds and slot map), timeouts, key prefix and local fallback
- * as r, with connections of its own (up to
- * tokenbucket_redis_set_connections per server) driven by loop (copied).  r must outlive it; r's blocking calls go on working beside
- * it.  The async client belongs to the loop's thread: its functions must
+ * as r, with connections of its own (up to r's options' connections per
+ * server, tokenbucket_redis_configure) driven by loop (copied).  r must
+ * outlive it; r's blocking calls go on working beside it.  The async client belongs to the loop's thread: its functions must
  * not run concurrently with each other.  Made from a Sentinel client, it
  * asks the sentinels itself, without blocking, while its calls wait.
  * -EINVAL: a NULL argument, loop without watch or timer.  -ENOMEM.
@@ -541,10 +583,14 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
  * command timeout, a connection's error, a decision of the local fallback
  * for ALLOW and RESERVE; on a cluster MOVED, ASK, CLUSTERDOWN and TRYAGAIN
  * are followed as by the blocking call.  Calls are pipelined on a
- * few connections per server (tokenbucket_redis_set_connections); calls
+ * few connections per server (tokenbucket_redis_configure); calls
  * of one key in flight together share one and are decided in the order
  * started; a connection that times out or fails takes every call on it
- * with it, as the blocking call's connection would.  A CANCEL of a
+ * with it, as the blocking call's connection would.  A
+ * TOKENBUCKET_REDIS_ALLOW_ALL (struct tokenbucket_redis_call_all, limits
+ * copied) completes with its decision in res in a single limit's terms
+ * (the limit at its index) and whole in the call_all's res, written
+ * before done runs; -EBADMSG and -EPROTOTYPE as the blocking call.  A CANCEL of a
  * reservation the fallback made goes to tokenbucket_redis_cancel instead.
  * Nothing is written from here: the calls started before the loop's next
  * turn (from the program's own events, a timer, a loop over requests)
@@ -559,43 +605,6 @@ TOKENBUCKET_API void tokenbucket_redis_async_close(struct tokenbucket_redis_asyn
 TOKENBUCKET_API int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 						  const struct tokenbucket_redis_call *call,
 						  tokenbucket_redis_done_fn *done, void *arg);
-/*
- * A several-limits decision's completion: err and, when err is 0, the
- * decision as tokenbucket_redis_allow_all gives it (all zero otherwise).
- * res is never NULL and is valid during the callback only.
- */
-typedef void tokenbucket_redis_set_done_fn(void *arg, int err,
-					   const struct tokenbucket_set_result *res);
-
-/*
- * Since 1.2.  tokenbucket_redis_allow_all (_at: on the caller's clock) on
- * the asynchronous client a: starts the decision on key (a's prefix
- * added) and returns at once; limits are copied.  done(arg, ...) is called
- * exactly once, later, from tokenbucket_redis_async_ready, _timeout or
- * _close, with what the blocking call would return: the decision, -E2BIG,
- * -EBADMSG, -EPROTOTYPE, -ETIME past the command timeout, a connection's
- * error, -ECANCELED when a is closed first, or, when Redis cannot answer, a
- * decision of the local fallback (res->flags TOKENBUCKET_RESULT_LOCAL).  It
- * goes as single calls do (module, function library or script, as a's
- * connection found; on a cluster to the key's slot, MOVED, ASK,
- * CLUSTERDOWN and TRYAGAIN followed), pipelined and batched with them
- * (tokenbucket_redis_async_start).  0, or before
- * anything starts (done is then not called): -EINVAL (a, limits or done
- * NULL, key NULL with keylen > 0, count 0 or above TOKENBUCKET_SET_MAX, a
- * bad rate), -ERANGE (a burst above TOKENBUCKET_BURST_MAX), -ECANCELED (a
- * is being closed), -ENOMEM.
- */
-TOKENBUCKET_API int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a,
-						      const void *key, size_t keylen,
-						      const struct tokenbucket_redis_limit *limits,
-						      size_t count, uint64_t n,
-						      tokenbucket_redis_set_done_fn *done, void *arg);
-TOKENBUCKET_API int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a,
-							 const void *key, size_t keylen,
-							 const struct tokenbucket_redis_limit *limits,
-							 size_t count, int64_t now, uint64_t n,
-							 tokenbucket_redis_set_done_fn *done,
-							 void *arg);
 /* Since 1.2.  fd, which the library asked to watch, is ready for events. */
 TOKENBUCKET_API void tokenbucket_redis_async_ready(struct tokenbucket_redis_async *a, int fd,
 						   unsigned events);
@@ -612,7 +621,7 @@ TOKENBUCKET_API void tokenbucket_redis_async_timeout(struct tokenbucket_redis_as
  * a blocking client's lease, except: tokenbucket_redis_lease_allow with n
  * above cap returns -E2BIG (start that call on a instead);
  * tokenbucket_redis_lease_wait returns -EDEADLK (its refills need the
- * loop it would block: reserve, then ask tokenbucket_redis_lease_missing);
+ * loop it would block: reserve, then ask tokenbucket_redis_lease_deficiency);
  * tokenbucket_redis_lease_close starts the give-back on a and returns (0,
  * or the error of starting it).  Close the lease before a: a lease still
  * open at tokenbucket_redis_async_close drops what it holds (granted to no
@@ -623,7 +632,7 @@ TOKENBUCKET_API void tokenbucket_redis_async_timeout(struct tokenbucket_redis_as
 TOKENBUCKET_API int tokenbucket_redis_async_lease_open(struct tokenbucket_redis_lease **lp,
 						       struct tokenbucket_redis_async *a,
 						       const void *key, size_t keylen,
-						       const struct tokenbucket_redis_limit *lim,
+						       const struct tokenbucket_limit *lim,
 						       double share, int64_t window_ns);
 
 #ifdef __cplusplus

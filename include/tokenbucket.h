@@ -15,8 +15,9 @@
  *    latest time the bucket has seen is treated as that latest time.
  *  - Where "now" goes (since 1.2.0, followed by every function added since):
  *    a call that acts at a time comes as name(), which reads
- *    tokenbucket_now(), and name_at(), which takes now as its second
- *    argument, right after the bucket or table it acts on; a call that
+ *    tokenbucket_now(), and name_at(), which takes now right after the
+ *    object it acts on (a bucket; a set and its count; a table;
+ *    docs/limits.md, "Where now goes"); a call that
  *    sleeps takes an absolute deadline instead and has no _at form.  The
  *    1.0 and 1.1 cancel_at functions, which take now last, stay as shipped.
  *  - A rate and burst are said exactly by struct tokenbucket_limit (since
@@ -96,7 +97,68 @@ TOKENBUCKET_API unsigned tokenbucket_version_number(void);
 /* TOKENBUCKET_VERSION_STRING of the library actually loaded, e.g. "1.0.0". */
 TOKENBUCKET_API const char *tokenbucket_version_string(void);
 
-/* ---- Life cycle ---------------------------------------------------------- */
+/* ---- Limits: a rate and a burst, exactly --------------------------------- */
+
+/*
+ * A rate and a burst, exactly: tokens every period_ns nanoseconds, and at
+ * most burst tokens held.  Since 1.2.0.
+ *  - tokens 0: rate 0, the bucket never refills (period_ns any value >= 0);
+ *  - period_ns 0 with tokens > 0: unlimited, the rate TOKENBUCKET_INF
+ *    (tables have none: -ERANGE);
+ *  - otherwise tokens >= 1 every period_ns >= 1, reduced to lowest terms
+ *    (2 every 6 ns is 1 every 3 ns): after T ns exactly
+ *    floor(T * tokens / period_ns) tokens have been produced.
+ * period_ns < 0 is -EINVAL everywhere.  burst is checked by the function
+ * that takes the limit: at most TOKENBUCKET_BURST_MAX for a bucket,
+ * TOKENBUCKET_TABLE_BURST_MAX for a table, else -ERANGE.
+ */
+struct tokenbucket_limit {
+	uint64_t tokens;
+	int64_t period_ns;
+	uint64_t burst;
+};
+
+/*
+ * The exact limit tokenbucket_create and the other functions that take a
+ * double make of rate (tokens per second) and burst: the simplest ratio
+ * p/q tokens per ns that reads back as rate (0.1 is 1 every 1e10 ns),
+ * {0, 1, burst} for 0 and {1, 0, burst} for TOKENBUCKET_INF (any rate >=
+ * DBL_MAX).  A bucket made from *lim behaves bit for bit as one made from
+ * rate.  -EINVAL: lim NULL, rate NaN or negative (*lim untouched).  Pure:
+ * any thread, any time.
+ */
+TOKENBUCKET_API int tokenbucket_limit_from_rate(struct tokenbucket_limit *lim, double rate,
+						uint64_t burst);
+
+/* *flags of tokenbucket_limit_parse: in, what the text is; out, what it named. */
+#define TOKENBUCKET_PARSE_BURST 0x1u /* in: a burst, into lim->burst alone */
+#define TOKENBUCKET_PARSE_BYTES 0x2u /* out: a byte or bit unit was named */
+#define TOKENBUCKET_PARSE_PERIOD 0x4u /* in: a duration, into lim->period_ns alone */
+
+/*
+ * Reads a rate ("10r/s", "7/3s", "5MB/s", "1GB/h", "unlimited") or, with
+ * TOKENBUCKET_PARSE_BURST in *flags, a burst ("20", "4MB", "64Ki") or,
+ * with TOKENBUCKET_PARSE_PERIOD, a duration ("1.5", "500ms", "2min"; bare:
+ * seconds) exactly, with no double; the grammar is in
+ * tokenbucket_limit_parse(3).  A rate sets tokens and period_ns in lowest
+ * terms and burst to the amount written, the most a quota ("1000r/h")
+ * holds, within [1, TOKENBUCKET_BURST_MAX]; "unlimited" is {1, 0,
+ * TOKENBUCKET_BURST_MAX}.  A burst sets burst alone, a duration period_ns
+ * alone.  flags may be NULL: a rate, nothing said back.  end, if not NULL,
+ * gets the text's end on success; on failure the first character outside
+ * the grammar (-EINVAL), else text.  -EINVAL: lim or text NULL, unknown
+ * bits in *flags or both BURST and PERIOD, text outside the grammar.
+ * -EDOM: a zero rate, burst or duration, a burst not a whole number of
+ * tokens, a duration not a whole number of ns.  -ERANGE: a number beyond
+ * 128 bits, a rate whose lowest terms exceed 64 bits (tokens) or 63 (ns),
+ * a burst above TOKENBUCKET_BURST_MAX, a duration above INT64_MAX ns.
+ * *lim and *flags untouched on failure.  Pure, no locale: any thread, any
+ * time.
+ */
+TOKENBUCKET_API int tokenbucket_limit_parse(struct tokenbucket_limit *lim, const char *text,
+					    unsigned *flags, const char **end);
+
+/* ---- A bucket: life cycle ------------------------------------------------ */
 
 /*
  * Creates a full bucket (burst tokens) that has seen no time yet, producing
@@ -126,6 +188,14 @@ TOKENBUCKET_API void tokenbucket_free(struct tokenbucket *tb);
 TOKENBUCKET_API int tokenbucket_reset_at(struct tokenbucket *tb, int64_t now, uint64_t tokens);
 /* tokenbucket_reset_at at tokenbucket_now().  Since 1.2.0. */
 TOKENBUCKET_API int tokenbucket_reset(struct tokenbucket *tb, uint64_t tokens);
+
+/*
+ * As tokenbucket_create (and tokenbucket_create_every) with the exact rate
+ * and burst of *lim.  -EINVAL: tbp or lim NULL, period_ns < 0, unknown
+ * flag bits.  -ERANGE: burst > TOKENBUCKET_BURST_MAX.  -ENOMEM.
+ */
+TOKENBUCKET_API int tokenbucket_create_limit(struct tokenbucket **tbp,
+					     const struct tokenbucket_limit *lim, unsigned flags);
 
 /* ---- The Seastar face ---------------------------------------------------- */
 
@@ -274,6 +344,33 @@ TOKENBUCKET_API int tokenbucket_set_rate_every(struct tokenbucket *tb, uint64_t 
 TOKENBUCKET_API int tokenbucket_set_burst(struct tokenbucket *tb, uint64_t burst);
 TOKENBUCKET_API int tokenbucket_set_burst_at(struct tokenbucket *tb, int64_t now, uint64_t burst);
 
+/* ---- A bucket's limit, exactly ------------------------------------------- */
+
+/*
+ * Fills *lim with the bucket's rate in force, in lowest terms ({0, 1} for
+ * rate 0, {1, 0} for unlimited), and its burst; each is read as it stands,
+ * so a racing rate and burst change may be seen half done.  Lock-free.
+ * -EINVAL: tb or lim NULL.  -EBADMSG: a shared bucket whose words hold no
+ * rate a bucket can have.
+ */
+TOKENBUCKET_API int tokenbucket_get_limit(const struct tokenbucket *tb,
+					  struct tokenbucket_limit *lim);
+/*
+ * Changes rate and burst together at now: as tokenbucket_set_rate_every_at
+ * then tokenbucket_set_burst_at at the same now, under one hold of the
+ * writer lock, so no other writer comes between them (lock-free calls may
+ * see the new rate with the old burst for that moment; a writer killed
+ * between the two leaves that state, which is consistent).  -EINVAL: tb or
+ * lim NULL, period_ns < 0.  -ERANGE: burst > TOKENBUCKET_BURST_MAX.
+ * -EBADMSG, -EDEADLK: as tokenbucket_set_rate_at (after -EBADMSG the rate
+ * may have changed without the burst).  Nothing changes on another error.
+ * Serialised with the other writers; safe beside every call but free.
+ */
+TOKENBUCKET_API int tokenbucket_set_limit(struct tokenbucket *tb,
+					  const struct tokenbucket_limit *lim);
+TOKENBUCKET_API int tokenbucket_set_limit_at(struct tokenbucket *tb, int64_t now,
+					     const struct tokenbucket_limit *lim);
+
 /* ---- A decision, as a server reports it ----------------------------------- */
 
 /*
@@ -314,7 +411,118 @@ TOKENBUCKET_API int tokenbucket_allow_result(struct tokenbucket *tb, uint64_t n,
 TOKENBUCKET_API int tokenbucket_allow_result_at(struct tokenbucket *tb, int64_t now, uint64_t n,
 						struct tokenbucket_result *res);
 
-/* ---- 1.1: buckets shared between processes ------------------------------- */
+/* ---- Sets: several buckets in one decision ------------------------------- */
+
+/*
+ * A set is an array of count distinct buckets (1 to TOKENBUCKET_SET_MAX),
+ * private or shared between processes (tokenbucket_init_shared,
+ * tokenbucket_attach_shared, tokenbucket_open), each with its own rate and
+ * burst: "10 a second and 1000 an hour" is a set of two.  The calls below
+ * take n tokens from every bucket of the set or from none.  The set (array
+ * and count) is what they act on, so an _at twin takes now right after
+ * count.  Since 1.2.0; docs/sets.md has the model.
+ *
+ * How: the buckets after the first are checked, then n is taken from each
+ * in order with that bucket's own lock-free take; when one refuses, what
+ * was taken from the earlier ones is given back before the call returns,
+ * as tokenbucket_refund gives back: all n, except what would lift the
+ * bucket above its burst, whatever other calls did in between
+ * (docs/core.md, "Giving back").  So a refused set takes nothing, under
+ * any concurrency.
+ *
+ * The transient under-grant: from the take from bucket i until the call
+ * refuses and gives it back (or returns), bucket i holds n fewer tokens,
+ * so a call on it alone may be refused that would otherwise be allowed.
+ * It is at most n tokens per bucket per set call in progress and lasts
+ * for that call only (its takes and give-backs, which never wait for
+ * another thread).  A set refused by the check before the takes causes
+ * none.
+ *
+ * Every call fails with -EINVAL for: set NULL, count 0 or above
+ * TOKENBUCKET_SET_MAX, a NULL bucket, the same bucket twice (by address: a
+ * shared bucket mapped at two addresses cannot be recognised and is taken
+ * from twice), a NULL output.  -E2BIG: n above some bucket's burst (finite
+ * rate), nothing taken.  -EBADMSG: a shared bucket whose words no bucket
+ * can hold, found by a take's general path (docs/shm.md), nothing taken.
+ * Lock-free and thread-safe as the single-bucket calls.
+ */
+
+/* The most buckets a set may hold. */
+#define TOKENBUCKET_SET_MAX 16
+
+/*
+ * A decision on a set, as struct tokenbucket_result reports one on a
+ * bucket.  Durations are counted from each bucket's own clock.
+ */
+struct tokenbucket_set_result {
+	bool allowed;            /* n was taken from every bucket */
+	unsigned flags;          /* zero */
+	/* The bucket reported: the one that refused; if allowed, the one with
+	 * the fewest whole tokens left (the first of those). */
+	size_t index;
+	uint64_t limit;          /* the burst of set[index] */
+	uint64_t remaining;      /* whole tokens set[index] holds after the decision; 0 in debt */
+	/* 0 if allowed; else nanoseconds until every bucket holds n (the
+	 * latest of the buckets), TOKENBUCKET_NEVER if never. */
+	int64_t retry_after_ns;
+	/* Nanoseconds until every bucket is full; TOKENBUCKET_NEVER if never. */
+	int64_t reset_after_ns;
+	uint64_t reserved[2];    /* zero */
+};
+
+/*
+ * Takes n tokens from every bucket of the set at now, or none (as
+ * tokenbucket_allow_at on each, all or nothing), and reports the decision
+ * in *res.  Refused, nothing is taken and index is the first bucket found
+ * short.  Every bucket examined has seen now.  0, or the errors above
+ * (*res untouched).
+ */
+TOKENBUCKET_API int tokenbucket_allow_all(struct tokenbucket *const *set, size_t count, uint64_t n,
+					  struct tokenbucket_set_result *res);
+TOKENBUCKET_API int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count,
+					     int64_t now, uint64_t n,
+					     struct tokenbucket_set_result *res);
+/*
+ * Reserves n tokens from every bucket of the set at now (as
+ * tokenbucket_reserve_at on each, all or nothing), filling r[0] to
+ * r[count - 1], one per bucket.  Each r[i].time_to_act is the set's: the
+ * latest of the buckets' times, when all n are there in every bucket.
+ * max_wait bounds each bucket's wait from its own time of the call.  On
+ * error nothing is taken and r is untouched.  Errors above, and those of
+ * tokenbucket_reserve_at: -ETIMEDOUT, -EOVERFLOW.
+ */
+TOKENBUCKET_API int tokenbucket_reserve_all(struct tokenbucket *const *set, size_t count,
+					    uint64_t n, int64_t max_wait,
+					    struct tokenbucket_reservation *r);
+TOKENBUCKET_API int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count,
+					       int64_t now, uint64_t n, int64_t max_wait,
+					       struct tokenbucket_reservation *r);
+/*
+ * Gives back a set's reservation (r as tokenbucket_reserve_all filled it,
+ * for the same set in the same order): unless now is past
+ * r[i].time_to_act, every bucket gets back all it took, as described
+ * above (not capped by the bucket's own time_to_act: the set acts at the
+ * latest).  Sets each r[i].tokens to 0.  -EINVAL as above (nothing given
+ * back).
+ */
+TOKENBUCKET_API int tokenbucket_cancel_all(struct tokenbucket *const *set, size_t count,
+					   struct tokenbucket_reservation *r);
+TOKENBUCKET_API int tokenbucket_cancel_all_at(struct tokenbucket *const *set, size_t count,
+					      int64_t now, struct tokenbucket_reservation *r);
+/*
+ * Go's WaitN on a set: reserves n tokens from every bucket at
+ * tokenbucket_now(), then sleeps until they are there in all of them,
+ * with deadline and cancel_fd as tokenbucket_wait (sleeping in slices of
+ * at most 50 ms when cancel_fd is not -1; signals do not end the wait; a
+ * rate change that delays the tokens is checked again until the
+ * deadline).  A wait that fails takes nothing: every reservation is given
+ * back.  0: the tokens are taken from every bucket.  Errors above, then
+ * -EBADF, -ECANCELED, -ETIMEDOUT, -EOVERFLOW as tokenbucket_wait.
+ */
+TOKENBUCKET_API int tokenbucket_wait_all(struct tokenbucket *const *set, size_t count, uint64_t n,
+					 int64_t deadline, int cancel_fd);
+
+/* ---- Shared memory: buckets shared between processes --------------------- */
 
 /*
  * A bucket may live in memory shared between processes: memory the caller
@@ -408,7 +616,27 @@ TOKENBUCKET_API void tokenbucket_close(struct tokenbucket *tb);
  */
 TOKENBUCKET_API int tokenbucket_unlink(const char *name);
 
-/* ---- 1.1: per-key tables -------------------------------------------------- */
+/*
+ * As tokenbucket_init_shared with the exact rate and burst of *lim.  Errors:
+ * those of tokenbucket_init_shared; -EINVAL also for lim NULL or
+ * period_ns < 0.
+ */
+TOKENBUCKET_API int tokenbucket_init_shared_limit(struct tokenbucket **tbp, void *mem,
+						  size_t size,
+						  const struct tokenbucket_limit *lim,
+						  unsigned flags);
+/*
+ * As tokenbucket_open with the exact rate and burst of *lim: a bucket it
+ * creates has that rate from its first instant, and TOKENBUCKET_OPEN_DIFFERS
+ * compares the rate in force with *lim's ratio in lowest terms, exactly
+ * (and burst and flags).  Errors: those of tokenbucket_open; -EINVAL also
+ * for lim NULL or period_ns < 0.
+ */
+TOKENBUCKET_API int tokenbucket_open_limit(struct tokenbucket **tbp, const char *name,
+					   const struct tokenbucket_limit *lim, unsigned flags,
+					   unsigned mode, unsigned *status);
+
+/* ---- Tables: a bucket per key -------------------------------------------- */
 
 /*
  * A table of buckets: one bucket per key (bytes and a length), all with one
@@ -606,117 +834,6 @@ struct tokenbucket_table_stats {
 TOKENBUCKET_API int tokenbucket_table_stats(struct tokenbucket_table *t,
 					    struct tokenbucket_table_stats *s);
 
-/* ---- 1.2: exact limits ----------------------------------------------------- */
-
-/*
- * A rate and a burst, exactly: tokens every period_ns nanoseconds, and at
- * most burst tokens held.  Since 1.2.0.
- *  - tokens 0: rate 0, the bucket never refills (period_ns any value >= 0);
- *  - period_ns 0 with tokens > 0: unlimited, the rate TOKENBUCKET_INF
- *    (tables have none: -ERANGE);
- *  - otherwise tokens >= 1 every period_ns >= 1, reduced to lowest terms
- *    (2 every 6 ns is 1 every 3 ns): after T ns exactly
- *    floor(T * tokens / period_ns) tokens have been produced.
- * period_ns < 0 is -EINVAL everywhere.  burst is checked by the function
- * that takes the limit: at most TOKENBUCKET_BURST_MAX for a bucket,
- * TOKENBUCKET_TABLE_BURST_MAX for a table, else -ERANGE.
- */
-struct tokenbucket_limit {
-	uint64_t tokens;
-	int64_t period_ns;
-	uint64_t burst;
-};
-
-/*
- * The exact limit tokenbucket_create and the other functions that take a
- * double make of rate (tokens per second) and burst: the simplest ratio
- * p/q tokens per ns that reads back as rate (0.1 is 1 every 1e10 ns),
- * {0, 1, burst} for 0 and {1, 0, burst} for TOKENBUCKET_INF (any rate >=
- * DBL_MAX).  A bucket made from *lim behaves bit for bit as one made from
- * rate.  -EINVAL: lim NULL, rate NaN or negative (*lim untouched).  Pure:
- * any thread, any time.
- */
-TOKENBUCKET_API int tokenbucket_limit_from_rate(struct tokenbucket_limit *lim, double rate,
-						uint64_t burst);
-
-/* *flags of tokenbucket_limit_parse: in, what the text is; out, what it named. */
-#define TOKENBUCKET_PARSE_BURST 0x1u /* in: a burst, into lim->burst alone */
-#define TOKENBUCKET_PARSE_BYTES 0x2u /* out: a byte or bit unit was named */
-#define TOKENBUCKET_PARSE_PERIOD 0x4u /* in: a duration, into lim->period_ns alone */
-
-/*
- * Reads a rate ("10r/s", "7/3s", "5MB/s", "1GB/h", "unlimited") or, with
- * TOKENBUCKET_PARSE_BURST in *flags, a burst ("20", "4MB", "64Ki") or,
- * with TOKENBUCKET_PARSE_PERIOD, a duration ("1.5", "500ms", "2min"; bare:
- * seconds) exactly, with no double; the grammar is in
- * tokenbucket_limit_parse(3).  A rate sets tokens and period_ns in lowest
- * terms and burst to the amount written, the most a quota ("1000r/h")
- * holds, within [1, TOKENBUCKET_BURST_MAX]; "unlimited" is {1, 0,
- * TOKENBUCKET_BURST_MAX}.  A burst sets burst alone, a duration period_ns
- * alone.  flags may be NULL: a rate, nothing said back.  end, if not NULL,
- * gets the text's end on success; on failure the first character outside
- * the grammar (-EINVAL), else text.  -EINVAL: lim or text NULL, unknown
- * bits in *flags or both BURST and PERIOD, text outside the grammar.
- * -EDOM: a zero rate, burst or duration, a burst not a whole number of
- * tokens, a duration not a whole number of ns.  -ERANGE: a number beyond
- * 128 bits, a rate whose lowest terms exceed 64 bits (tokens) or 63 (ns),
- * a burst above TOKENBUCKET_BURST_MAX, a duration above INT64_MAX ns.
- * *lim and *flags untouched on failure.  Pure, no locale: any thread, any
- * time.
- */
-TOKENBUCKET_API int tokenbucket_limit_parse(struct tokenbucket_limit *lim, const char *text,
-					    unsigned *flags, const char **end);
-/*
- * Fills *lim with the bucket's rate in force, in lowest terms ({0, 1} for
- * rate 0, {1, 0} for unlimited), and its burst; each is read as it stands,
- * so a racing rate and burst change may be seen half done.  Lock-free.
- * -EINVAL: tb or lim NULL.  -EBADMSG: a shared bucket whose words hold no
- * rate a bucket can have.
- */
-TOKENBUCKET_API int tokenbucket_get_limit(const struct tokenbucket *tb,
-					  struct tokenbucket_limit *lim);
-/*
- * As tokenbucket_create (and tokenbucket_create_every) with the exact rate
- * and burst of *lim.  -EINVAL: tbp or lim NULL, period_ns < 0, unknown
- * flag bits.  -ERANGE: burst > TOKENBUCKET_BURST_MAX.  -ENOMEM.
- */
-TOKENBUCKET_API int tokenbucket_create_limit(struct tokenbucket **tbp,
-					     const struct tokenbucket_limit *lim, unsigned flags);
-/*
- * As tokenbucket_init_shared with the exact rate and burst of *lim.  Errors:
- * those of tokenbucket_init_shared; -EINVAL also for lim NULL or
- * period_ns < 0.
- */
-TOKENBUCKET_API int tokenbucket_init_shared_limit(struct tokenbucket **tbp, void *mem,
-						  size_t size,
-						  const struct tokenbucket_limit *lim,
-						  unsigned flags);
-/*
- * As tokenbucket_open with the exact rate and burst of *lim: a bucket it
- * creates has that rate from its first instant, and TOKENBUCKET_OPEN_DIFFERS
- * compares the rate in force with *lim's ratio in lowest terms, exactly
- * (and burst and flags).  Errors: those of tokenbucket_open; -EINVAL also
- * for lim NULL or period_ns < 0.
- */
-TOKENBUCKET_API int tokenbucket_open_limit(struct tokenbucket **tbp, const char *name,
-					   const struct tokenbucket_limit *lim, unsigned flags,
-					   unsigned mode, unsigned *status);
-/*
- * Changes rate and burst together at now: as tokenbucket_set_rate_every_at
- * then tokenbucket_set_burst_at at the same now, under one hold of the
- * writer lock, so no other writer comes between them (lock-free calls may
- * see the new rate with the old burst for that moment; a writer killed
- * between the two leaves that state, which is consistent).  -EINVAL: tb or
- * lim NULL, period_ns < 0.  -ERANGE: burst > TOKENBUCKET_BURST_MAX.
- * -EBADMSG, -EDEADLK: as tokenbucket_set_rate_at (after -EBADMSG the rate
- * may have changed without the burst).  Nothing changes on another error.
- * Serialised with the other writers; safe beside every call but free.
- */
-TOKENBUCKET_API int tokenbucket_set_limit(struct tokenbucket *tb,
-					  const struct tokenbucket_limit *lim);
-TOKENBUCKET_API int tokenbucket_set_limit_at(struct tokenbucket *tb, int64_t now,
-					     const struct tokenbucket_limit *lim);
-
 /*
  * The table functions with the exact rate and burst of *lim, as
  * tokenbucket_table_create, tokenbucket_table_init_shared and
@@ -762,20 +879,19 @@ TOKENBUCKET_API int tokenbucket_table_wait(struct tokenbucket_table *t, const vo
 					   int cancel_fd);
 
 /*
- * 1.2: changes a table's rate and burst to *lim for every key at once, at
- * the latest time any key has seen, at least now (and the table's origin):
- * each key's level carries over exactly, as a single bucket's across
- * tokenbucket_set_limit_at at that time; a lower burst drops what lies
- * above it, a higher one brings back nothing the old one dropped (keys
- * with no bucket are full, at the new burst).  Takes stay lock-free while
- * it runs; changes serialise on a process-shared robust mutex in the
- * table, and a change cut short by the death of its process is finished
- * by the next change or by the next call that finds it (a scan of every
- * slot, as the change makes).  Errors: -EINVAL (t or lim NULL, period_ns
- * < 0); -ERANGE (an unlimited limit, burst above
- * TOKENBUCKET_TABLE_BURST_MAX, a rate above 16 tokens per ns); -EDEADLK
- * (another change holds the mutex for more than 2 s); -EBADMSG (a
- * corrupt table).
+ * Since 1.2.0.  Changes a table's rate and burst to *lim for every key at
+ * once, at the latest time any key has seen, at least now (and the table's
+ * origin): each key's level carries over exactly, as a single bucket's
+ * across tokenbucket_set_limit_at at that time; a lower burst drops what
+ * lies above it, a higher one brings back nothing the old one dropped
+ * (keys with no bucket are full, at the new burst).  Takes stay lock-free
+ * while it runs; changes serialise on a process-shared robust mutex in the
+ * table, and a change cut short by the death of its process is finished by
+ * the next change or by the next call that finds it (a scan of every slot,
+ * as the change makes).  Errors: -EINVAL (t or lim NULL, period_ns < 0);
+ * -ERANGE (an unlimited limit, burst above TOKENBUCKET_TABLE_BURST_MAX, a
+ * rate above 16 tokens per ns); -EDEADLK (another change holds the mutex
+ * for more than 2 s); -EBADMSG (a corrupt table).
  */
 TOKENBUCKET_API int tokenbucket_table_set_limit_at(struct tokenbucket_table *t, int64_t now,
 						   const struct tokenbucket_limit *lim);
@@ -783,123 +899,14 @@ TOKENBUCKET_API int tokenbucket_table_set_limit_at(struct tokenbucket_table *t, 
 TOKENBUCKET_API int tokenbucket_table_set_limit(struct tokenbucket_table *t,
 						const struct tokenbucket_limit *lim);
 /*
- * 1.2: fills *lim with the table's rate and burst in force, the rate in
- * lowest terms ({0, 1, burst} for rate 0).  -EINVAL: t or lim NULL.
- * -EBADMSG: a corrupt table.
+ * Since 1.2.0.  Fills *lim with the table's rate and burst in force, the
+ * rate in lowest terms ({0, 1, burst} for rate 0).  -EINVAL: t or lim
+ * NULL.  -EBADMSG: a corrupt table.
  */
 TOKENBUCKET_API int tokenbucket_table_get_limit(struct tokenbucket_table *t,
 						struct tokenbucket_limit *lim);
 
-/* ---- 1.2: several limits in one decision ---------------------------------- */
-
-/*
- * A set is an array of count distinct buckets (1 to TOKENBUCKET_SET_MAX),
- * private or shared between processes (tokenbucket_init_shared,
- * tokenbucket_attach_shared, tokenbucket_open), each with its own rate and
- * burst: "10 a second and 1000 an hour" is a set of two.  The calls below
- * take n tokens from every bucket of the set or from none.  The set (array
- * and count) is what they act on, so an _at twin takes now right after
- * count.  Since 1.2.0; docs/sets.md has the model.
- *
- * How: the buckets after the first are checked, then n is taken from each
- * in order with that bucket's own lock-free take; when one refuses, what
- * was taken from the earlier ones is given back before the call returns,
- * as tokenbucket_refund gives back: all n, except what would lift the
- * bucket above its burst, whatever other calls did in between
- * (docs/core.md, "Giving back").  So a refused set takes nothing, under
- * any concurrency.
- *
- * The transient under-grant: from the take from bucket i until the call
- * refuses and gives it back (or returns), bucket i holds n fewer tokens,
- * so a call on it alone may be refused that would otherwise be allowed.
- * It is at most n tokens per bucket per set call in progress and lasts
- * for that call only (its takes and give-backs, which never wait for
- * another thread).  A set refused by the check before the takes causes
- * none.
- *
- * Every call fails with -EINVAL for: set NULL, count 0 or above
- * TOKENBUCKET_SET_MAX, a NULL bucket, the same bucket twice (by address: a
- * shared bucket mapped at two addresses cannot be recognised and is taken
- * from twice), a NULL output.  -E2BIG: n above some bucket's burst (finite
- * rate), nothing taken.  -EBADMSG: a shared bucket whose words no bucket
- * can hold, found by a take's general path (docs/shm.md), nothing taken.
- * Lock-free and thread-safe as the single-bucket calls.
- */
-
-/* The most buckets a set may hold. */
-#define TOKENBUCKET_SET_MAX 16
-
-/*
- * A decision on a set, as struct tokenbucket_result reports one on a
- * bucket.  Durations are counted from each bucket's own clock.
- */
-struct tokenbucket_set_result {
-	bool allowed;            /* n was taken from every bucket */
-	unsigned flags;          /* zero */
-	/* The bucket reported: the one that refused; if allowed, the one with
-	 * the fewest whole tokens left (the first of those). */
-	size_t index;
-	uint64_t limit;          /* the burst of set[index] */
-	uint64_t remaining;      /* whole tokens set[index] holds after the decision; 0 in debt */
-	/* 0 if allowed; else nanoseconds until every bucket holds n (the
-	 * latest of the buckets), TOKENBUCKET_NEVER if never. */
-	int64_t retry_after_ns;
-	/* Nanoseconds until every bucket is full; TOKENBUCKET_NEVER if never. */
-	int64_t reset_after_ns;
-	uint64_t reserved[2];    /* zero */
-};
-
-/*
- * Takes n tokens from every bucket of the set at now, or none (as
- * tokenbucket_allow_at on each, all or nothing), and reports the decision
- * in *res.  Refused, nothing is taken and index is the first bucket found
- * short.  Every bucket examined has seen now.  0, or the errors above
- * (*res untouched).
- */
-TOKENBUCKET_API int tokenbucket_allow_all(struct tokenbucket *const *set, size_t count, uint64_t n,
-					  struct tokenbucket_set_result *res);
-TOKENBUCKET_API int tokenbucket_allow_all_at(struct tokenbucket *const *set, size_t count,
-					     int64_t now, uint64_t n,
-					     struct tokenbucket_set_result *res);
-/*
- * Reserves n tokens from every bucket of the set at now (as
- * tokenbucket_reserve_at on each, all or nothing), filling r[0] to
- * r[count - 1], one per bucket.  Each r[i].time_to_act is the set's: the
- * latest of the buckets' times, when all n are there in every bucket.
- * max_wait bounds each bucket's wait from its own time of the call.  On
- * error nothing is taken and r is untouched.  Errors above, and those of
- * tokenbucket_reserve_at: -ETIMEDOUT, -EOVERFLOW.
- */
-TOKENBUCKET_API int tokenbucket_reserve_all(struct tokenbucket *const *set, size_t count,
-					    uint64_t n, int64_t max_wait,
-					    struct tokenbucket_reservation *r);
-TOKENBUCKET_API int tokenbucket_reserve_all_at(struct tokenbucket *const *set, size_t count,
-					       int64_t now, uint64_t n, int64_t max_wait,
-					       struct tokenbucket_reservation *r);
-/*
- * Gives back a set's reservation (r as tokenbucket_reserve_all filled it,
- * for the same set in the same order): unless now is past
- * r[i].time_to_act, every bucket gets back all it took, as described
- * above (not capped by the bucket's own time_to_act: the set acts at the
- * latest).  Sets each r[i].tokens to 0.  -EINVAL as above (nothing given
- * back).
- */
-TOKENBUCKET_API int tokenbucket_cancel_all(struct tokenbucket *const *set, size_t count,
-					   struct tokenbucket_reservation *r);
-TOKENBUCKET_API int tokenbucket_cancel_all_at(struct tokenbucket *const *set, size_t count,
-					      int64_t now, struct tokenbucket_reservation *r);
-/*
- * Go's WaitN on a set: reserves n tokens from every bucket at
- * tokenbucket_now(), then sleeps until they are there in all of them,
- * with deadline and cancel_fd as tokenbucket_wait (sleeping in slices of
- * at most 50 ms when cancel_fd is not -1; signals do not end the wait; a
- * rate change that delays the tokens is checked again until the
- * deadline).  A wait that fails takes nothing: every reservation is given
- * back.  0: the tokens are taken from every bucket.  Errors above, then
- * -EBADF, -ECANCELED, -ETIMEDOUT, -EOVERFLOW as tokenbucket_wait.
- */
-TOKENBUCKET_API int tokenbucket_wait_all(struct tokenbucket *const *set, size_t count, uint64_t n,
-					 int64_t deadline, int cancel_fd);
+/* ---- Several tables in one decision -------------------------------------- */
 
 /*
  * Several limits per key: tables[0] to tables[count - 1] (1 to

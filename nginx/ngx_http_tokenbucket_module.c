@@ -25,7 +25,7 @@
  * a request takes its cost from every table or from none
  * (tokenbucket_table_allow_all_at, or a reservation per table where the
  * zone must reserve); a Redis zone of several rates keeps them in one key
- * (tokenbucket_redis_async_allow_all) and decides last in its location,
+ * (TOKENBUCKET_REDIS_ALLOW_ALL) and decides last in its location,
  * having nothing to give back.
  *
  * A Redis zone is decided by libtokenbucket-redis's asynchronous client,

@@ -221,10 +221,8 @@ static struct tokenbucket_redis_lease *ngx_http_tokenbucket_lease_of(
 	if (victim->key == NULL)
 		return NULL;
 	ngx_memcpy(victim->key, k->data, k->len);
-	struct tokenbucket_redis_limit lim = { z->rate[0].tokens, z->rate[0].period_ns,
-					       z->rate[0].burst };
-	int rc = tokenbucket_redis_async_lease_open(&victim->lease, e->async, k->data, k->len, &lim,
-						    z->lease_share, z->lease_window_ns);
+	int rc = tokenbucket_redis_async_lease_open(&victim->lease, e->async, k->data, k->len,
+						    &z->rate[0], z->lease_share, z->lease_window_ns);
 	if (rc != 0) {
 		if (!e->lease_failed)
 			ngx_log_error(NGX_LOG_ERR, e->log, -rc,

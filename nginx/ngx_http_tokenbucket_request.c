@@ -223,14 +223,6 @@ static ngx_inline struct tokenbucket_result ngx_http_tokenbucket_result_of(
 	};
 }
 
-/* The reply of a Redis zone of several rates (tokenbucket_redis_async_allow_all). */
-static void ngx_http_tokenbucket_reply_all(void *arg, int err,
-					   const struct tokenbucket_set_result *set)
-{
-	struct tokenbucket_result res = ngx_http_tokenbucket_result_of(set);
-	ngx_http_tokenbucket_reply(arg, err, &res, NULL, 0);
-}
-
 static void ngx_http_tokenbucket_resume(ngx_event_t *ev)
 {
 	ngx_http_request_t *r = ev->data;
@@ -294,15 +286,17 @@ static int ngx_http_tokenbucket_ask(ngx_http_request_t *r, ngx_http_tokenbucket_
 	p->ctx = ctx;
 	p->engine = e;
 	if (z->nrates > 1) {
-		/* The location's last limit, without delay (merge_conf): all rates or none. */
-		struct tokenbucket_redis_limit lim[NGX_HTTP_TB_RATES_MAX];
-		for (ngx_uint_t t = 0; t < z->nrates; t++)
-			lim[t] = (struct tokenbucket_redis_limit){ z->rate[t].tokens,
-								   z->rate[t].period_ns,
-								   z->rate[t].burst };
-		rc = tokenbucket_redis_async_allow_all(e->async, call.key, call.keylen, lim,
-						       z->nrates, call.n,
-						       ngx_http_tokenbucket_reply_all, p);
+		/*
+		 * The location's last limit, without delay (merge_conf): all
+		 * rates or none, reported as the rate that refused (or the one
+		 * with the fewest tokens left).
+		 */
+		struct tokenbucket_redis_call_all all = {
+			.call = call, .limits = z->rate, .count = z->nrates,
+		};
+		all.call.op = TOKENBUCKET_REDIS_ALLOW_ALL;
+		rc = tokenbucket_redis_async_start(e->async, &all.call, ngx_http_tokenbucket_reply,
+						   p);
 	} else {
 		rc = tokenbucket_redis_async_start(e->async, &call, ngx_http_tokenbucket_reply, p);
 	}

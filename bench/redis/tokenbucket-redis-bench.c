@@ -11,14 +11,14 @@
  * would, and "trivial" the same with EVALSHA of "return 1" (loaded
  * beforehand) instead of our calls; with "async" one thread keeps INFLIGHT calls outstanding through
  * the asynchronous client on a libevent loop, "async2" the same with
- * tokenbucket_redis_async_allow_all on two limits (the one below and a
+ * TOKENBUCKET_REDIS_ALLOW_ALL on two limits (the one below and a
  * quota of 10^6 an hour); with "piped" the threads
  * block as by default, their calls pipelined on a few connections
- * (tokenbucket_redis_set_pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
+ * (tokenbucket_redis_configure, pipelining).  TOKENBUCKET_REDIS_BENCH_MODULE=script or
  * =module in the environment forces the script or the native module
- * (tokenbucket_redis_set_module); unset or empty, the client detects it.
+ * (tokenbucket_redis_configure, module); unset or empty, the client detects it.
  * TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K sets the connections per server of
- * the async and piped modes (tokenbucket_redis_set_connections).
+ * the async and piped modes (tokenbucket_redis_configure, connections).
  * TOKENBUCKET_REDIS_BENCH_TIMEOUT_MS=T sets the command timeout (default
  * 1000): 10^4 calls in flight queue for longer than 1 s on a busy server.  URL "cluster:redis://H:P[,redis://H:P...]" opens a Redis Cluster
  * client from those seeds instead (threads only).  Prints "decisions/s
@@ -55,7 +55,7 @@ struct worker {
 /* 1000 tokens per second, burst 100: the hot key refuses most calls. */
 static const struct tokenbucket_redis_limit limit = { .tokens = 1, .period_ns = 1000000, .burst = 100 };
 /* async2: that limit and an hourly quota that rarely refuses. */
-static const struct tokenbucket_redis_limit limits2[2] = {
+static const struct tokenbucket_limit limits2[2] = {
 	{ .tokens = 1, .period_ns = 1000000, .burst = 100 },
 	{ .tokens = 1000000, .period_ns = 3600000000000, .burst = 1000000 },
 };
@@ -206,7 +206,6 @@ struct async_slot {
 
 static void async_done(void *arg, int err, const struct tokenbucket_result *res,
 		       const struct tokenbucket_reservation *rv, double tokens);
-static void async_set_done(void *arg, int err, const struct tokenbucket_set_result *res);
 
 static void async_next(struct async_slot *s)
 {
@@ -216,10 +215,10 @@ static void async_next(struct async_slot *s)
 			   (unsigned long long)next_key(&w->seed, w->keys));
 	struct tokenbucket_redis_call call = { .op = TOKENBUCKET_REDIS_ALLOW, .key = run->key,
 					       .keylen = (size_t)len, .limit = limit, .n = 1 };
+	struct tokenbucket_redis_call_all two = { .call = call, .limits = limits2, .count = 2 };
+	two.call.op = TOKENBUCKET_REDIS_ALLOW_ALL;
 	s->t0 = tokenbucket_now();
-	int err = run->two ? tokenbucket_redis_async_allow_all(run->a, run->key, (size_t)len, limits2, 2, 1,
-							       async_set_done, s)
-			   : tokenbucket_redis_async_start(run->a, &call, async_done, s);
+	int err = tokenbucket_redis_async_start(run->a, run->two ? &two.call : &call, async_done, s);
 	if (err == 0)
 		run->outstanding++;
 	else
@@ -242,12 +241,6 @@ static void async_done(void *arg, int err, const struct tokenbucket_result *res,
 		w->samples[w->nsamples++] = t1 - s->t0;
 	if (t1 < w->until)
 		async_next(s);
-}
-
-static void async_set_done(void *arg, int err, const struct tokenbucket_set_result *res)
-{
-	(void)res;
-	async_done(arg, err, NULL, NULL, 0);
 }
 
 static int async_loop(struct tokenbucket_redis *r, int inflight, bool two, struct worker *w)
@@ -305,17 +298,19 @@ int main(int argc, char **argv)
 	} else if (tokenbucket_redis_open(&r, argv[1], 1000000000, command_timeout) != 0) {
 		return 1;
 	}
-	/* TOKENBUCKET_REDIS_BENCH_MODULE=script|module forces one server side (tokenbucket_redis_set_module). */
+	/*
+	 * TOKENBUCKET_REDIS_BENCH_MODULE=script|module forces one server side;
+	 * TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K: connections per server.
+	 */
+	struct tokenbucket_redis_options opts = { .size = sizeof(opts), .pipelining = piped };
 	const char *side = getenv("TOKENBUCKET_REDIS_BENCH_MODULE");
-	if (side != NULL && *side != '\0' &&
-	    tokenbucket_redis_set_module(r, strcmp(side, "module") == 0 ? TOKENBUCKET_REDIS_MODULE_ALWAYS
-									 : TOKENBUCKET_REDIS_MODULE_NEVER) != 0)
-		return 1;
-	/* TOKENBUCKET_REDIS_BENCH_CONNECTIONS=K: connections per server (tokenbucket_redis_set_connections). */
+	if (side != NULL && *side != '\0')
+		opts.module = strcmp(side, "module") == 0 ? TOKENBUCKET_REDIS_MODULE_ALWAYS
+							  : TOKENBUCKET_REDIS_MODULE_NEVER;
 	const char *conns = getenv("TOKENBUCKET_REDIS_BENCH_CONNECTIONS");
-	if (conns != NULL && tokenbucket_redis_set_connections(r, atoi(conns)) != 0)
-		return 1;
-	if (piped && tokenbucket_redis_set_pipelining(r, 1) != 0)
+	if (conns != NULL)
+		opts.connections = atoi(conns);
+	if (tokenbucket_redis_configure(r, &opts) != 0)
 		return 1;
 	struct worker *w = calloc((size_t)inflight, sizeof(*w));
 	pthread_t *t = calloc((size_t)inflight, sizeof(*t));

@@ -58,10 +58,11 @@
  * when they name another, the connection closes once the calls sent on it
  * are answered, and the next goes where they say.
  *
- * A several-limits decision (tokenbucket_redis_async_allow_all) is an op
- * like any other: its call is that of a struct tbr__call_all held in the
- * op, with the limits copied after it, so the codec, the routing and the
- * fallback treat it as the blocking allow_all's; only its callback differs.
+ * A several-limits decision (TOKENBUCKET_REDIS_ALLOW_ALL) is an op like
+ * any other: its call is that of a struct tokenbucket_redis_call_all held
+ * in the op, with the limits copied after it, so the codec, the routing
+ * and the fallback treat it as the blocking allow_all's; only its
+ * completion also copies the decision to the caller's res.
  *
  * Callbacks run from tokenbucket_redis_async_ready, _timeout and _close
  * only, never from _start.  They may start calls and close the client:
@@ -471,13 +472,13 @@ static uint32_t pin_of(const char *key, size_t len)
 }
 
 /*
- * Starts call (its limits and count for an allow_all) with its completion
- * (done, or set_done for an allow_all); the checks of the public entry
- * points are done.
+ * Starts call (its limits and count for an allow_all, whose decision also
+ * goes to set_to) with its completion; the checks of the public entry
+ * point are done.
  */
 static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_redis_call *call,
-		 const struct tokenbucket_redis_limit *limits, size_t count,
-		 tokenbucket_redis_done_fn *done, tokenbucket_redis_set_done_fn *set_done, void *arg)
+		 const struct tokenbucket_limit *limits, size_t count,
+		 struct tokenbucket_set_result *set_to, tokenbucket_redis_done_fn *done, void *arg)
 {
 	if (a->closing)
 		return -ECANCELED;
@@ -508,7 +509,7 @@ static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_red
 		return err;
 	}
 	o->done = done;
-	o->set_done = set_done;
+	o->set_to = set_to;
 	o->arg = arg;
 	/* Its node's slot, for a cluster's routing only (CRC16 of the key). */
 	o->slot = a->cluster != NULL ? tbr__slot(o->key, keylen) : 0;
@@ -548,39 +549,15 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 				  const struct tokenbucket_redis_call *call,
 				  tokenbucket_redis_done_fn *done, void *arg)
 {
-	if (a == NULL || call == NULL || done == NULL || (unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
+	if (a == NULL || call == NULL || done == NULL ||
+	    (unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL)
 		return -EINVAL;
-	return start(a, call, NULL, 0, done, NULL, arg);
-}
-
-static int allow_all(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
-		     const struct tokenbucket_redis_limit *limits, size_t count, bool at,
-		     int64_t now, uint64_t n, tokenbucket_redis_set_done_fn *done, void *arg)
-{
-	if (a == NULL || limits == NULL || count == 0 || count > TOKENBUCKET_SET_MAX || done == NULL)
+	if (call->op != TOKENBUCKET_REDIS_ALLOW_ALL)
+		return start(a, call, NULL, 0, NULL, done, arg);
+	const struct tokenbucket_redis_call_all *all = tbr__call_all_of(call);
+	if (all->limits == NULL || all->count == 0 || all->count > TOKENBUCKET_SET_MAX)
 		return -EINVAL;
-	const struct tokenbucket_redis_call call = {
-		.op = TBR__OP_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
-		.key = key, .keylen = keylen, .now = now, .n = n,
-	};
-	return start(a, &call, limits, count, NULL, done, arg);
-}
-
-int tokenbucket_redis_async_allow_all(struct tokenbucket_redis_async *a, const void *key,
-				      size_t keylen, const struct tokenbucket_redis_limit *limits,
-				      size_t count, uint64_t n, tokenbucket_redis_set_done_fn *done,
-				      void *arg)
-{
-	return allow_all(a, key, keylen, limits, count, false, 0, n, done, arg);
-}
-
-int tokenbucket_redis_async_allow_all_at(struct tokenbucket_redis_async *a, const void *key,
-					 size_t keylen,
-					 const struct tokenbucket_redis_limit *limits, size_t count,
-					 int64_t now, uint64_t n, tokenbucket_redis_set_done_fn *done,
-					 void *arg)
-{
-	return allow_all(a, key, keylen, limits, count, true, now, n, done, arg);
+	return start(a, call, all->limits, all->count, all->res, done, arg);
 }
 
 /*

@@ -278,10 +278,15 @@ void tbr__async_complete(struct op *o, int err, struct tokenbucket_result *res,
 	a->completed++;
 	unlink_op(a, o);
 	bool granted = err == 0 && o->all.call.op == TOKENBUCKET_REDIS_RESERVE;
-	if (!a->forgetting && o->set_done != NULL) {
-		if (err != 0) /* decode and the fallback fill it on success only */
-			memset(&o->set_res, 0, sizeof(o->set_res));
-		o->set_done(o->arg, err, &o->set_res);
+	if (!a->forgetting && o->all.call.op == TOKENBUCKET_REDIS_ALLOW_ALL) {
+		/* decode and the fallback fill set_res on success only */
+		struct tokenbucket_result one = { 0 };
+		if (err == 0) {
+			one = tbr__result_of_set(&o->set_res);
+			if (o->set_to != NULL)
+				*o->set_to = o->set_res;
+		}
+		o->done(o->arg, err, &one, NULL, 0);
 	} else if (!a->forgetting) {
 		o->done(o->arg, err, res, granted ? rv : NULL, tokens);
 	}

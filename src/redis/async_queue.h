@@ -75,10 +75,10 @@ struct op {
 	 * all.call is the call, its key key; an allow_all's all.limits are
 	 * limits and its decision goes to all.res, set_res.
 	 */
-	struct tbr__call_all all;
+	struct tokenbucket_redis_call_all all;
 	char *key;
-	tokenbucket_redis_done_fn *done;         /* or, for an allow_all: */
-	tokenbucket_redis_set_done_fn *set_done;
+	tokenbucket_redis_done_fn *done;
+	struct tokenbucket_set_result *set_to; /* an allow_all's caller's res, or NULL */
 	void *arg;
 	struct tokenbucket_set_result set_res;
 	int64_t deadline;   /* tokenbucket_now() */
@@ -98,7 +98,7 @@ struct op {
 	int unreached;      /* the last connection error of a node it was sent to, or 0 */
 	unsigned slot;
 	uint32_t pin;       /* the key's hash, modulo PINS */
-	struct tokenbucket_redis_limit limits[]; /* an allow_all's, copied */
+	struct tokenbucket_limit limits[]; /* an allow_all's, copied */
 };
 
 struct tokenbucket_redis_async {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * Blocking calls pipelined (tokenbucket_redis_set_pipelining): the
+ * Blocking calls pipelined (tokenbucket_redis_configure, pipelining): the
  * calling threads hand their calls to one I/O thread of the client's,
  * which runs the asynchronous engine (async.c) on its own poll loop, so
  * every thread's calls share one connection per server, written together
@@ -44,9 +44,9 @@
 
 /* A waiting call, on its thread's stack until done is set. */
 struct breq {
-	const struct tokenbucket_redis_call *call; /* op TBR__OP_ALLOW_ALL: a tbr__call_all's */
+	/* op TOKENBUCKET_REDIS_ALLOW_ALL: a call_all's, whose res the engine fills */
+	const struct tokenbucket_redis_call *call;
 	struct tokenbucket_result res;
-	struct tokenbucket_set_result set_res;
 	struct tokenbucket_reservation rv;
 	double tokens;
 	int err;
@@ -211,26 +211,10 @@ static void answered(void *arg, int err, const struct tokenbucket_result *res,
 	publish(q);
 }
 
-static void answered_all(void *arg, int err, const struct tokenbucket_set_result *res)
-{
-	struct breq *q = arg;
-	q->set_res = *res;
-	q->err = err;
-	publish(q);
-}
-
 /* Starts q's call on the engine: 0, or what the engine refused it with. */
 static int start(struct tbr__bridge *b, struct breq *q)
 {
-	const struct tokenbucket_redis_call *c = q->call;
-	if (c->op != TBR__OP_ALLOW_ALL)
-		return tokenbucket_redis_async_start(b->a, c, answered, q);
-	const struct tbr__call_all *all = tbr__call_all_of(c);
-	return (c->flags & TOKENBUCKET_REDIS_AT)
-		? tokenbucket_redis_async_allow_all_at(b->a, c->key, c->keylen, all->limits,
-						       all->count, c->now, c->n, answered_all, q)
-		: tokenbucket_redis_async_allow_all(b->a, c->key, c->keylen, all->limits,
-						    all->count, c->n, answered_all, q);
+	return tokenbucket_redis_async_start(b->a, q->call, answered, q);
 }
 
 /* Starts every queued call on the engine, in the order they were pushed. */
@@ -458,12 +442,8 @@ int tbr__bridge_call(struct tbr__bridge *b, const struct tokenbucket_redis_call 
 		syscall(SYS_futex, word, FUTEX_WAIT_BITSET_PRIVATE, seen, NULL, NULL, bit);
 	}
 	/* As a blocking round trip: res only when the script answered (or the fallback). */
-	if (call->op == TBR__OP_ALLOW_ALL) {
-		struct tbr__call_all *all = tbr__call_all_of(call);
-		if (q.err == 0 && all->res != NULL)
-			*all->res = q.set_res;
-		return q.err;
-	}
+	if (call->op == TOKENBUCKET_REDIS_ALLOW_ALL)
+		return q.err; /* the engine wrote the call_all's res on success */
 	bool answered_by_script = q.err == 0 || q.err == -ETIMEDOUT || q.err == -E2BIG ||
 				  q.err == -EOVERFLOW;
 	if (res != NULL && answered_by_script)

@@ -31,6 +31,7 @@ struct tokenbucket_redis {
 	struct tbr__bridge *bridge; /* calls pipelined by an I/O thread, or NULL */
 	_Atomic int module;         /* TOKENBUCKET_REDIS_MODULE_*, read by every call */
 	_Atomic int connections;    /* per server, of the engines made from r; read by every call */
+	_Atomic bool used;          /* a call or an asynchronous client was made: options are set */
 	pthread_mutex_t deps_mu;    /* guards deps */
 	struct tbr__dependent *deps; /* leases still open on this client */
 };
@@ -239,6 +240,9 @@ static int run(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 {
 	if (r == NULL || (call->key == NULL && call->keylen > 0))
 		return -EINVAL;
+	/* Read first: a store from every call would share the line between threads. */
+	if (!atomic_load_explicit(&r->used, memory_order_relaxed))
+		atomic_store_explicit(&r->used, true, memory_order_relaxed);
 	char stack[256];
 	char *full = stack;
 	size_t len = r->prefixlen + call->keylen;
@@ -351,22 +355,26 @@ int tokenbucket_redis_cancel(struct tokenbucket_redis *r, const void *key, size_
 	return cancel(r, key, keylen, lim, rv, false, 0);
 }
 
-int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
-				const struct tokenbucket_redis_limit *lim, int64_t now, uint64_t n)
+static int refund(struct tokenbucket_redis *r, const void *key, size_t keylen,
+		  const struct tokenbucket_limit *limit, bool at, int64_t now, uint64_t n)
 {
-	if (lim == NULL)
+	if (limit == NULL)
 		return -EINVAL;
-	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, true, now, n, 0);
+	const struct tokenbucket_redis_limit one = tbr__limit(limit), *lim = &one;
+	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, at, now, n, 0);
 	return run(r, &call, NULL, NULL, NULL);
 }
 
-int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key, size_t keylen,
-			     const struct tokenbucket_redis_limit *lim, uint64_t n)
+int tokenbucket_redis_refund_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
+				const struct tokenbucket_limit *lim, int64_t now, uint64_t n)
 {
-	if (lim == NULL)
-		return -EINVAL;
-	struct tokenbucket_redis_call call = CALL(TOKENBUCKET_REDIS_REFUND, false, 0, n, 0);
-	return run(r, &call, NULL, NULL, NULL);
+	return refund(r, key, keylen, lim, true, now, n);
+}
+
+int tokenbucket_redis_refund(struct tokenbucket_redis *r, const void *key, size_t keylen,
+			     const struct tokenbucket_limit *lim, uint64_t n)
+{
+	return refund(r, key, keylen, lim, false, 0, n);
 }
 
 int tokenbucket_redis_tokens_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
@@ -409,13 +417,13 @@ int tokenbucket_redis_reset(struct tokenbucket_redis *r, const void *key, size_t
 }
 
 static int allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen,
-		     const struct tokenbucket_redis_limit *limits, size_t count, bool at,
+		     const struct tokenbucket_limit *limits, size_t count, bool at,
 		     int64_t now, uint64_t n, struct tokenbucket_set_result *res)
 {
 	if (limits == NULL || count == 0 || count > TOKENBUCKET_SET_MAX || res == NULL)
 		return -EINVAL;
-	struct tbr__call_all all = {
-		.call = { .op = TBR__OP_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
 			  .key = key, .keylen = keylen, .now = now, .n = n },
 		.limits = limits,
 		.count = count,
@@ -425,14 +433,14 @@ static int allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen
 }
 
 int tokenbucket_redis_allow_all_at(struct tokenbucket_redis *r, const void *key, size_t keylen,
-				   const struct tokenbucket_redis_limit *limits, size_t count,
+				   const struct tokenbucket_limit *limits, size_t count,
 				   int64_t now, uint64_t n, struct tokenbucket_set_result *res)
 {
 	return allow_all(r, key, keylen, limits, count, true, now, n, res);
 }
 
 int tokenbucket_redis_allow_all(struct tokenbucket_redis *r, const void *key, size_t keylen,
-				const struct tokenbucket_redis_limit *limits, size_t count, uint64_t n,
+				const struct tokenbucket_limit *limits, size_t count, uint64_t n,
 				struct tokenbucket_set_result *res)
 {
 	return allow_all(r, key, keylen, limits, count, false, 0, n, res);
@@ -459,30 +467,50 @@ int tokenbucket_redis_async_open(struct tokenbucket_redis_async **ap, struct tok
 	if (r == NULL)
 		return -EINVAL;
 	const struct tbr__async_config cfg = engine_config(r, true);
-	return tbr__async_open(ap, &cfg, loop);
+	int err = tbr__async_open(ap, &cfg, loop);
+	if (err == 0)
+		atomic_store_explicit(&r->used, true, memory_order_relaxed);
+	return err;
 }
 
-int tokenbucket_redis_set_module(struct tokenbucket_redis *r, int mode)
+/* The options of opts that this library knows; -EINVAL or -E2BIG as tokenbucket_redis_configure. */
+static int options_read(const struct tokenbucket_redis_options *opts,
+			struct tokenbucket_redis_options *o)
 {
-	if (r == NULL || mode < TOKENBUCKET_REDIS_MODULE_AUTO || mode > TOKENBUCKET_REDIS_MODULE_ALWAYS)
+	const size_t known = sizeof(*o);
+	/* The first struct (1.2) is the smallest a caller can hold; no struct grows past 4 KiB. */
+	if (opts->size < known || opts->size > 4096)
 		return -EINVAL;
-	atomic_store_explicit(&r->module, mode, memory_order_relaxed);
+	/* A newer caller's fields past ours must hold their defaults (zero). */
+	for (size_t i = known; i < opts->size; i++)
+		if (((const unsigned char *)opts)[i] != 0)
+			return -E2BIG;
+	memcpy(o, opts, known);
+	if (o->pipelining != 0 && o->pipelining != 1)
+		return -EINVAL;
+	if (o->module < TOKENBUCKET_REDIS_MODULE_AUTO || o->module > TOKENBUCKET_REDIS_MODULE_ALWAYS)
+		return -EINVAL;
+	if (o->connections == 0)
+		o->connections = TOKENBUCKET_REDIS_CONNECTIONS_DEFAULT;
+	if (o->connections < 1 || o->connections > TOKENBUCKET_REDIS_CONNECTIONS_MAX)
+		return -EINVAL;
 	return 0;
 }
 
-int tokenbucket_redis_set_connections(struct tokenbucket_redis *r, int count)
+int tokenbucket_redis_configure(struct tokenbucket_redis *r,
+				const struct tokenbucket_redis_options *opts)
 {
-	if (r == NULL || count < 1 || count > TOKENBUCKET_REDIS_CONNECTIONS_MAX)
+	if (r == NULL || opts == NULL)
 		return -EINVAL;
-	atomic_store_explicit(&r->connections, count, memory_order_relaxed);
-	return 0;
-}
-
-int tokenbucket_redis_set_pipelining(struct tokenbucket_redis *r, int enable)
-{
-	if (r == NULL || (enable != 0 && enable != 1))
-		return -EINVAL;
-	if (!enable) {
+	struct tokenbucket_redis_options o;
+	int err = options_read(opts, &o);
+	if (err != 0)
+		return err;
+	if (atomic_load_explicit(&r->used, memory_order_relaxed))
+		return -EBUSY;
+	atomic_store_explicit(&r->module, o.module, memory_order_relaxed);
+	atomic_store_explicit(&r->connections, o.connections, memory_order_relaxed);
+	if (!o.pipelining) {
 		tbr__bridge_close(r->bridge);
 		r->bridge = NULL;
 		return 0;

@@ -114,18 +114,21 @@ static void put_head(const struct tokenbucket_redis_call *call, struct tbr__args
 /* allow_all: ... now n, then tokens period burst of each limit, and for the script the reply form "1". */
 static int args_all(const struct tokenbucket_redis_call *call, struct tbr__args *a, int via)
 {
-	const struct tbr__call_all *all = tbr__call_all_of(call);
+	const struct tokenbucket_redis_call_all *all = tbr__call_all_of(call);
 	if (all->limits == NULL || all->count == 0 || all->count > TOKENBUCKET_SET_MAX)
 		return -EINVAL;
 	for (size_t i = 0; i < all->count; i++) {
-		int err = check_limit(&all->limits[i]);
+		struct tokenbucket_redis_limit lim = tbr__limit(&all->limits[i]);
+		int err = check_limit(&lim);
 		if (err != 0)
 			return err;
 	}
 	put_head(call, a, via, "allow_all");
 	put_num(a, 6, 1, false, call->n);
-	for (size_t i = 0; i < all->count; i++)
-		put_limit(a, 7 + 3 * (int)i, 2 + 3 * (int)i, &all->limits[i]);
+	for (size_t i = 0; i < all->count; i++) {
+		struct tokenbucket_redis_limit lim = tbr__limit(&all->limits[i]);
+		put_limit(a, 7 + 3 * (int)i, 2 + 3 * (int)i, &lim);
+	}
 	a->argc = 7 + 3 * (int)all->count - a->first;
 	/* No decimal times needed here either: the script may reply in integers. */
 	if (via != TBR__VIA_MODULE)
@@ -139,7 +142,7 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, in
 		return -EINVAL;
 	if (call->flags & ~(TOKENBUCKET_REDIS_AT | TOKENBUCKET_REDIS_EVAL))
 		return -EINVAL;
-	if (call->op == TBR__OP_ALLOW_ALL)
+	if (call->op == TOKENBUCKET_REDIS_ALLOW_ALL)
 		return args_all(call, a, via);
 	if ((unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
 		return -EINVAL;
@@ -313,7 +316,7 @@ static int64_t until(int64_t t, int64_t now)
  */
 static int decode_all(const struct tokenbucket_redis_call *call, const redisReply *rep)
 {
-	const struct tbr__call_all *all = tbr__call_all_of(call);
+	const struct tokenbucket_redis_call_all *all = tbr__call_all_of(call);
 	if (rep->type != REDIS_REPLY_ARRAY || (rep->elements != 5 && rep->elements != 6))
 		return -EPROTO;
 	bool compact = rep->elements == 5;
@@ -368,7 +371,7 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 		return -EPROTO;
 	if (rep->type == REDIS_REPLY_ERROR)
 		return tbr__error(rep->str, rep->len);
-	if (call->op == TBR__OP_ALLOW_ALL)
+	if (call->op == TOKENBUCKET_REDIS_ALLOW_ALL)
 		return decode_all(call, rep);
 	if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 4)
 		return decode_compact(call, rep, res);
@@ -431,7 +434,7 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 int tokenbucket_redis_format(const struct tokenbucket_redis_call *call, char **cmd, size_t *len)
 {
 	struct tbr__args a;
-	if (cmd == NULL || len == NULL || (call != NULL && (unsigned)call->op > TOKENBUCKET_REDIS_REFUND))
+	if (cmd == NULL || len == NULL || (call != NULL && (unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL))
 		return -EINVAL;
 	int err = tbr__args(call, &a, false);
 	if (err != 0)
@@ -450,8 +453,18 @@ int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call, const cha
 			    struct tokenbucket_reservation *rv, double *tokens)
 {
 	if (call == NULL || (buf == NULL && len > 0) || used == NULL ||
-	    (unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
+	    (unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL)
 		return -EINVAL;
+	/* A several-limits decision is decoded here, then handed to the caller's res. */
+	struct tokenbucket_redis_call_all all;
+	struct tokenbucket_set_result set;
+	struct tokenbucket_set_result *set_to = NULL;
+	if (call->op == TOKENBUCKET_REDIS_ALLOW_ALL) {
+		all = *tbr__call_all_of(call);
+		set_to = all.res;
+		all.res = &set;
+		call = &all.call;
+	}
 	redisReader *rd = redisReaderCreate();
 	if (rd == NULL)
 		return -ENOMEM;
@@ -473,7 +486,12 @@ int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call, const cha
 		struct tokenbucket_reservation v;
 		double t;
 		err = tbr__decode(call, rep, &r, &v, &t);
-		if (err == 0 || err == -ETIMEDOUT || err == -E2BIG || err == -EOVERFLOW) {
+		if (err == 0 && call->op == TOKENBUCKET_REDIS_ALLOW_ALL) {
+			if (set_to != NULL)
+				*set_to = set;
+			if (res != NULL)
+				*res = tbr__result_of_set(&set);
+		} else if (err == 0 || err == -ETIMEDOUT || err == -E2BIG || err == -EOVERFLOW) {
 			if (res != NULL)
 				*res = r;
 			if (err == 0 && rv != NULL && call->op == TOKENBUCKET_REDIS_RESERVE)

@@ -149,7 +149,7 @@ static int fallback(struct tbr__fallback *r, const struct tokenbucket_redis_call
  */
 static int fallback_all(struct tbr__fallback *r, const struct tokenbucket_redis_call *call)
 {
-	const struct tbr__call_all *all = tbr__call_all_of(call);
+	const struct tokenbucket_redis_call_all *all = tbr__call_all_of(call);
 	size_t len = call->keylen + 2;
 	char *name = malloc(len);
 	if (name == NULL)
@@ -164,7 +164,8 @@ static int fallback_all(struct tbr__fallback *r, const struct tokenbucket_redis_
 	size_t i;
 	for (i = 0; i < all->count; i++) {
 		name[len - 1] = (char)i;
-		set[i] = local_bucket(r, name, len, &all->limits[i]);
+		struct tokenbucket_redis_limit lim = tbr__limit(&all->limits[i]);
+		set[i] = local_bucket(r, name, len, &lim);
 		slot[i] = r->local == NULL ? NULL : local_slot(r, name, len);
 		bool clash = false;
 		for (size_t j = 0; j < i; j++)
@@ -202,14 +203,14 @@ static int fallback_all(struct tbr__fallback *r, const struct tokenbucket_redis_
 static bool decides(const struct tokenbucket_redis_call *call)
 {
 	return call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE ||
-	       call->op == TBR__OP_ALLOW_ALL;
+	       call->op == TOKENBUCKET_REDIS_ALLOW_ALL;
 }
 
 int tbr__fallback_apply(struct tbr__fallback *fb, const struct tokenbucket_redis_call *call,
 			int err, struct tokenbucket_result *res, struct tokenbucket_reservation *rv)
 {
 	if (unavailable(err) && fb->share > 0 && decides(call)) {
-		int local = call->op == TBR__OP_ALLOW_ALL ? fallback_all(fb, call)
+		int local = call->op == TOKENBUCKET_REDIS_ALLOW_ALL ? fallback_all(fb, call)
 							   : fallback(fb, call, res, rv);
 		if (local != 1)
 			err = local;

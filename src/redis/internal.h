@@ -18,6 +18,24 @@
 
 #include "tokenbucket-redis.h"
 
+/*
+ * struct tokenbucket_redis_limit (1.0, 1.1) and struct tokenbucket_limit
+ * (1.2) are one configuration under two names: same fields, same layout.
+ */
+_Static_assert(sizeof(struct tokenbucket_redis_limit) == sizeof(struct tokenbucket_limit) &&
+		       offsetof(struct tokenbucket_redis_limit, tokens) ==
+			       offsetof(struct tokenbucket_limit, tokens) &&
+		       offsetof(struct tokenbucket_redis_limit, period_ns) ==
+			       offsetof(struct tokenbucket_limit, period_ns) &&
+		       offsetof(struct tokenbucket_redis_limit, burst) ==
+			       offsetof(struct tokenbucket_limit, burst),
+	       "struct tokenbucket_redis_limit is struct tokenbucket_limit");
+/* A 1.2 limit as the 1.0 call struct carries it. */
+static inline struct tokenbucket_redis_limit tbr__limit(const struct tokenbucket_limit *lim)
+{
+	return (struct tokenbucket_redis_limit){ lim->tokens, lim->period_ns, lim->burst };
+}
+
 /* The script, embedded at build time: tokenbucket.lua, joined from script-*.lua (script.c). */
 extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
@@ -33,7 +51,7 @@ extern const char tbr__function_name[];
  * reply.  The command is argc words from argv + first.
  */
 #define TBR__ARGC 12
-/* allow_all's words: 7, three per limit (tbr__call_all) and the reply form. */
+/* allow_all's words: 7, three per limit (struct tokenbucket_redis_call_all) and the reply form. */
 #define TBR__ARGC_ALL (8 + 3 * TOKENBUCKET_SET_MAX)
 struct tbr__args {
 	const char *argv[TBR__ARGC_ALL];
@@ -42,23 +60,20 @@ struct tbr__args {
 	int first, argc;
 };
 
-/*
- * Several limits in one key (tokenbucket_redis_allow_all): an op past the
- * public ones, only ever in the call of a struct tbr__call_all, which the
- * blocking calls and tokenbucket_redis_async_allow_all pass down by the
- * address of its call.  The public entry points that take a call from the
- * caller (tokenbucket_redis_format, _parse, _async_start) refuse the op.
- */
-#define TBR__OP_ALLOW_ALL ((enum tokenbucket_redis_op)64)
-struct tbr__call_all {
-	struct tokenbucket_redis_call call; /* op TBR__OP_ALLOW_ALL; call.limit unused */
-	const struct tokenbucket_redis_limit *limits;
-	size_t count;
-	struct tokenbucket_set_result *res; /* tbr__decode's output, or NULL */
-};
-static inline struct tbr__call_all *tbr__call_all_of(const struct tokenbucket_redis_call *call)
+/* The struct tokenbucket_redis_call_all whose call is call (op TOKENBUCKET_REDIS_ALLOW_ALL). */
+static inline struct tokenbucket_redis_call_all *
+tbr__call_all_of(const struct tokenbucket_redis_call *call)
 {
-	return (struct tbr__call_all *)((char *)call - offsetof(struct tbr__call_all, call));
+	return (struct tokenbucket_redis_call_all *)((char *)call -
+						     offsetof(struct tokenbucket_redis_call_all, call));
+}
+/* What a several-limits decision says in the terms of a single one (its index aside). */
+static inline struct tokenbucket_result tbr__result_of_set(const struct tokenbucket_set_result *s)
+{
+	return (struct tokenbucket_result){ .allowed = s->allowed, .flags = s->flags,
+					    .limit = s->limit, .remaining = s->remaining,
+					    .retry_after_ns = s->retry_after_ns,
+					    .reset_after_ns = s->reset_after_ns };
 }
 
 /*

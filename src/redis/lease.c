@@ -67,10 +67,11 @@ static int give_back(struct tokenbucket_redis_lease *l, bool all)
 {
 	uint64_t total = tbr__lease_collect(l, all);
 	/* In pieces of at most a burst: the server refuses more in one (2 cap may exceed it). */
+	const struct tokenbucket_limit lim = { l->lim.tokens, l->lim.period_ns, l->lim.burst };
 	int err = 0;
 	while (total > 0 && err == 0) {
 		uint64_t piece = total < l->lim.burst ? total : l->lim.burst;
-		err = tokenbucket_redis_refund(l->r, l->key, l->keylen, &l->lim, piece);
+		err = tokenbucket_redis_refund(l->r, l->key, l->keylen, &lim, piece);
 		total -= piece;
 	}
 	return err;
@@ -143,13 +144,16 @@ static void lease_end(struct tbr__dependent *d);
 
 int tokenbucket_redis_lease_open(struct tokenbucket_redis_lease **lp, struct tokenbucket_redis *r,
 				 const void *key, size_t keylen,
-				 const struct tokenbucket_redis_limit *lim, double share,
+				 const struct tokenbucket_limit *limit, double share,
 				 int64_t window_ns)
 {
 	if (lp == NULL || r == NULL)
 		return -EINVAL;
 	struct tokenbucket_redis_lease *l;
-	int err = tbr__lease_new(&l, key, keylen, lim, share, window_ns);
+	if (limit == NULL)
+		return -EINVAL;
+	const struct tokenbucket_redis_limit lim = tbr__limit(limit);
+	int err = tbr__lease_new(&l, key, keylen, &lim, share, window_ns);
 	if (err != 0)
 		return err;
 	l->r = r;
@@ -390,21 +394,21 @@ static struct pending **find(struct tokenbucket_redis_lease *l, uint64_t t)
 	return *pp != NULL ? pp : NULL;
 }
 
-int tokenbucket_redis_lease_missing(struct tokenbucket_redis_lease *l,
-				    const struct tokenbucket_reservation *rv, uint64_t *missing)
+int tokenbucket_redis_lease_deficiency(struct tokenbucket_redis_lease *l,
+				       const struct tokenbucket_reservation *rv, uint64_t *deficiency)
 {
-	if (l == NULL || rv == NULL || missing == NULL)
+	if (l == NULL || rv == NULL || deficiency == NULL)
 		return -EINVAL;
 	if (rv->ticket > 0) {
 		pthread_mutex_lock(&l->rmu);
 		bool bad = rv->ticket > l->tickets;
 		struct pending **pp = bad ? NULL : find(l, rv->ticket);
-		*missing = pp != NULL ? (*pp)->need : 0;
+		*deficiency = pp != NULL ? (*pp)->need : 0;
 		pthread_mutex_unlock(&l->rmu);
 		if (bad)
 			return -EINVAL;
 	} else {
-		*missing = 0;
+		*deficiency = 0;
 	}
 	return atomic_load_explicit(&l->ended, memory_order_acquire) ? -ESHUTDOWN : 0;
 }

@@ -170,13 +170,16 @@ static void lease_hook_end(struct tbr__async_hook *h)
 
 int tokenbucket_redis_async_lease_open(struct tokenbucket_redis_lease **lp,
 				       struct tokenbucket_redis_async *a, const void *key,
-				       size_t keylen, const struct tokenbucket_redis_limit *lim,
+				       size_t keylen, const struct tokenbucket_limit *limit,
 				       double share, int64_t window_ns)
 {
 	if (lp == NULL || a == NULL)
 		return -EINVAL;
 	struct tokenbucket_redis_lease *l;
-	int err = tbr__lease_new(&l, key, keylen, lim, share, window_ns);
+	if (limit == NULL)
+		return -EINVAL;
+	const struct tokenbucket_redis_limit lim = tbr__limit(limit);
+	int err = tbr__lease_new(&l, key, keylen, &lim, share, window_ns);
 	if (err != 0)
 		return err;
 	l->a = a;

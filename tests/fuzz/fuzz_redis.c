@@ -92,15 +92,15 @@ static void decision(const uint8_t *cfg, const redisReply *rep)
 
 static void decision_all(const uint8_t *cfg, const redisReply *rep)
 {
-	struct tokenbucket_redis_limit limits[TOKENBUCKET_SET_MAX];
+	struct tokenbucket_limit limits[TOKENBUCKET_SET_MAX];
 	size_t count = 1 + cfg[1] % TOKENBUCKET_SET_MAX;
 	for (size_t i = 0; i < count; i++)
-		limits[i] = (struct tokenbucket_redis_limit){ .tokens = 1, .period_ns = 1000000,
+		limits[i] = (struct tokenbucket_limit){ .tokens = 1, .period_ns = 1000000,
 							      .burst = 1 + (cfg[2] + i) % 16 };
 	struct tokenbucket_set_result res;
 	memset(&res, 0xa5, sizeof(res));
-	struct tbr__call_all all = {
-		.call = { .op = TBR__OP_ALLOW_ALL, .key = "k", .keylen = 1, .n = 1 },
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .key = "k", .keylen = 1, .n = 1 },
 		.limits = limits, .count = count, .res = &res,
 	};
 	int err = tbr__decode(&all.call, rep, NULL, NULL, NULL);

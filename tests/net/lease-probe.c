@@ -166,7 +166,7 @@ struct plan {
 	const char *url, *outdir;
 	int procs, threads;
 	int64_t start, run_ns, pace_ns;
-	struct tokenbucket_redis_limit lim;
+	struct tokenbucket_limit lim;
 	double share;
 	int64_t window_ns;
 	int64_t down_at, down_for; /* partition: from start; 0: none */
@@ -279,7 +279,7 @@ int main(int argc, char **argv)
 	p.url = argv[1];
 	p.outdir = argv[2];
 	p.run_ns = (int64_t)(arg(a[0]) * 1e9);
-	p.lim = (struct tokenbucket_redis_limit){ .tokens = (uint64_t)arg(a[1]),
+	p.lim = (struct tokenbucket_limit){ .tokens = (uint64_t)arg(a[1]),
 						  .period_ns = SEC,
 						  .burst = (uint64_t)arg(a[2]) };
 	p.window_ns = (int64_t)(arg(a[3]) * 1e6);

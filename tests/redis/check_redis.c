@@ -36,7 +36,7 @@ void redis_setup(void)
 	ck_assert_int_eq(tokenbucket_redis_open(&cli, srv.url, SEC, 500 * MS), 0);
 	/* The same suites with every thread's calls pipelined on one connection. */
 	if (getenv("TOKENBUCKET_REDIS_PIPELINING") != NULL)
-		ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, 1), 0);
+		ck_assert_int_eq(tokenbucket_redis_configure(cli, REDIS_OPTIONS(.pipelining = 1)), 0);
 }
 
 void redis_teardown(void)

@@ -33,6 +33,13 @@ void redis_tcase(Suite *s, const char *name, void (*setup)(void), int timeout,
 long redis_sequences(long def);
 
 #define KEY(s) (s), strlen(s)
+/* A client's options (tokenbucket_redis_configure), the fields not named 0. */
+#define REDIS_OPTIONS(...) \
+	(&(const struct tokenbucket_redis_options){ \
+		.size = sizeof(struct tokenbucket_redis_options), __VA_ARGS__ })
+/* A 1.2 struct tokenbucket_limit as the 1.0 and 1.1 functions take it. */
+#define TBR_OLD(l) \
+	(&(const struct tokenbucket_redis_limit){ (l)->tokens, (l)->period_ns, (l)->burst })
 
 /* Arguments after the key that the script refuses with "ERR tokenbucket: bad ...". */
 extern const char *const redis_bad_args[][7];

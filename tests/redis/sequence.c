@@ -342,6 +342,8 @@ bool seq_next(struct seq *s, struct seq_step *st, struct seq_expect *ex)
 		ex->err = tokenbucket_reset_at(s->tb, now, st->n);
 		s->seen = true;
 		break;
+	case TOKENBUCKET_REDIS_ALLOW_ALL: /* seq_set's (below), never a single key's step */
+		break;
 	}
 	return true;
 }

@@ -62,7 +62,7 @@ static void start(int node_timeout_ms)
 	ck_assert_int_eq(tokenbucket_redis_open_cluster(&cc, cl.seeds, 1, SEC, TIMEOUT), 0);
 	/* The same suites with every thread's calls pipelined on one connection per node. */
 	if (getenv("TOKENBUCKET_REDIS_PIPELINING") != NULL)
-		ck_assert_int_eq(tokenbucket_redis_set_pipelining(cc, 1), 0);
+		ck_assert_int_eq(tokenbucket_redis_configure(cc, REDIS_OPTIONS(.pipelining = 1)), 0);
 }
 
 static void setup_fast(void)

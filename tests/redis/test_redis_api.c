@@ -309,7 +309,7 @@ START_TEST(test_threads_share_a_client)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&shared_cli, srv.url, SEC, 30 * SEC), 0);
 	if (getenv("TOKENBUCKET_REDIS_PIPELINING") != NULL)
-		ck_assert_int_eq(tokenbucket_redis_set_pipelining(shared_cli, 1), 0);
+		ck_assert_int_eq(tokenbucket_redis_configure(shared_cli, REDIS_OPTIONS(.pipelining = 1)), 0);
 	pthread_t t[16];
 	struct hammer h[16] = { { 0, 0 } };
 	for (int i = 0; i < 16; i++)
@@ -336,7 +336,7 @@ static atomic_int piped_granted, piped_all_granted, piped_failed;
 static void *piped_calls(void *arg)
 {
 	bool set = (intptr_t)arg % 2;
-	const struct tokenbucket_redis_limit fixed[2] = {
+	const struct tokenbucket_limit fixed[2] = {
 		{ .tokens = 0, .period_ns = SEC, .burst = 1000 },
 		{ .tokens = 0, .period_ns = SEC, .burst = 600 },
 	};
@@ -344,7 +344,7 @@ static void *piped_calls(void *arg)
 		struct tokenbucket_result res;
 		struct tokenbucket_set_result all;
 		int err = set ? tokenbucket_redis_allow_all(piped, KEY("piped-all"), fixed, 2, 1, &all)
-			      : tokenbucket_redis_allow(piped, KEY("piped"), &fixed[0], 1, &res);
+			      : tokenbucket_redis_allow(piped, KEY("piped"), TBR_OLD(&fixed[0]), 1, &res);
 		if (err != 0)
 			atomic_fetch_add(&piped_failed, 1);
 		else if (set ? all.allowed : res.allowed)
@@ -401,11 +401,28 @@ static void piped_exact(void)
 START_TEST(test_pipelining_shares_one_connection)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 2), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(NULL, 1), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_connections(piped, 1), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0); /* already */
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 2)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(NULL, REDIS_OPTIONS(.pipelining = 1)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, NULL), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.module = 3)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.module = -1)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.connections = -1)),
+			 -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(
+				 piped, REDIS_OPTIONS(.connections = TOKENBUCKET_REDIS_CONNECTIONS_MAX + 1)),
+			 -EINVAL);
+	/* A caller built against a later, larger struct: its new fields must be 0. */
+	struct {
+		struct tokenbucket_redis_options o;
+		uint64_t later;
+	} newer = { { .size = sizeof(newer), .pipelining = 1, .connections = 1 }, 1 };
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), -E2BIG);
+	newer.o.size = sizeof(newer.o) - 1;
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), -EINVAL);
+	newer.later = 0;
+	newer.o.size = sizeof(newer);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, &newer.o), 0); /* again: the last counts */
 	piped_exact();
 	/*
 	 * One connection for all eight threads, the several-limit calls
@@ -418,7 +435,11 @@ START_TEST(test_pipelining_shares_one_connection)
 	 * four; then eight threads on keys of their own, which the engine
 	 * spreads over spares opened while all are busy.
 	 */
-	ck_assert_int_eq(tokenbucket_redis_set_connections(piped, 4), 0);
+	tokenbucket_redis_close(piped);
+	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 1,
+									  .connections = 4)),
+			 0);
 	ck_assert_int_eq(server_cmd(&srv, "DEL piped piped-all"), REDIS_REPLY_INTEGER);
 	piped_exact();
 	ck_assert_int_le(server_clients(), 6);
@@ -427,13 +448,12 @@ START_TEST(test_pipelining_shares_one_connection)
 	int lines = server_clients();
 	ck_assert_int_ge(lines, 4);
 	ck_assert_int_le(lines, 6);
-	/* Off again: the pool, a connection per thread in flight. */
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 0), 0);
+	/* Options are set before the first call, never under calls. */
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 0)), -EBUSY);
 	double tokens = -1;
 	const struct tokenbucket_redis_limit fixed = { .tokens = 0, .period_ns = SEC, .burst = 1000 };
 	ck_assert_int_eq(tokenbucket_redis_tokens(piped, KEY("piped"), &fixed, &tokens, NULL), 0);
 	ck_assert(tokens == 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
 	tokenbucket_redis_close(piped); /* with the I/O thread running */
 }
 END_TEST
@@ -470,7 +490,7 @@ static void *crowd_calls(void *arg)
 START_TEST(test_pipelined_crowd_shares_wake_slots)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 30 * SEC), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 1)), 0);
 	atomic_store(&piped_granted, 0);
 	atomic_store(&piped_failed, 0);
 	pthread_attr_t attr;
@@ -514,7 +534,7 @@ static void *forking_calls(void *arg)
 START_TEST(test_fork_while_pipelined)
 {
 	ck_assert_int_eq(tokenbucket_redis_open(&piped, srv.url, SEC, 2 * SEC), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(piped, 1), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(piped, REDIS_OPTIONS(.pipelining = 1)), 0);
 	atomic_store(&piped_failed, 0);
 	atomic_store(&forking_stop, false);
 	pthread_t t[4];
@@ -621,7 +641,7 @@ static long long pttl_of(redisContext *x, const char *key)
 /* "10 a second and 3 an hour" in one key: all or nothing, the report, time and kinds. */
 START_TEST(test_allow_all)
 {
-	const struct tokenbucket_redis_limit two[3] = {
+	const struct tokenbucket_limit two[3] = {
 		{ .tokens = 1, .period_ns = 100 * MS, .burst = 5 },
 		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 },
 		{ .tokens = 1, .period_ns = 1 * SEC, .burst = 2 },
@@ -702,7 +722,7 @@ START_TEST(test_allow_all)
 	ck_assert_uint_eq(res.index, 1);
 
 	/* A key holds one kind: each refuses the other's value, which stays. */
-	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("one"), &two[0], t0, 1, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("one"), TBR_OLD(&two[0]), t0, 1, NULL), 0);
 	char *before = value_of(x, "one");
 	ck_assert_int_eq(tokenbucket_redis_allow_all_at(cli, KEY("one"), two, 2, t0, 1, &res), -EBADMSG);
 	v = value_of(x, "one");
@@ -710,10 +730,10 @@ START_TEST(test_allow_all)
 	free(v);
 	free(before);
 	before = value_of(x, "a");
-	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("a"), &two[0], t0, 1, NULL), -EBADMSG);
-	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("a"), &two[0], t0, 1, 0, &(struct tokenbucket_reservation){ 0 }, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_redis_allow_at(cli, KEY("a"), TBR_OLD(&two[0]), t0, 1, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("a"), TBR_OLD(&two[0]), t0, 1, 0, &(struct tokenbucket_reservation){ 0 }, NULL), -EBADMSG);
 	double tokens;
-	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("a"), &two[0], t0, &tokens, NULL), -EBADMSG);
+	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("a"), TBR_OLD(&two[0]), t0, &tokens, NULL), -EBADMSG);
 	/* Hostile values: refused, unchanged. */
 	static const char *const hostile[] = { "tbs1 5 6 0 1 1 3", "tbs1 5 1 0 1 1", "tbs1 x",
 					       "tbs1 5 1 0 1 1 3 ", "tbs1 5 -1 0 1 1 3" };
@@ -737,7 +757,7 @@ START_TEST(test_allow_all)
 	/* Bad calls change nothing, *res untouched. */
 	memset(&res, 0x5a, sizeof(res));
 	struct tokenbucket_set_result same = res;
-	struct tokenbucket_redis_limit bad[TOKENBUCKET_SET_MAX + 1];
+	struct tokenbucket_limit bad[TOKENBUCKET_SET_MAX + 1];
 	for (size_t i = 0; i <= TOKENBUCKET_SET_MAX; i++)
 		bad[i] = two[0];
 	ck_assert_int_eq(tokenbucket_redis_allow_all(cli, KEY("e"), two, 2, 4, &res), -E2BIG);
@@ -779,13 +799,44 @@ START_TEST(test_allow_all)
 	ck_assert(r != NULL && r->type == REDIS_REPLY_ERROR);
 	ck_assert_str_eq(r->str, "ERR tokenbucket: bad reply form");
 	freeReplyObject(r);
-	/* The public codec takes no allow_all: it is no op of struct tokenbucket_redis_call. */
+	/* An op past those the library knows is refused. */
 	struct tokenbucket_redis_call call = { .op = (enum tokenbucket_redis_op)64, .key = "k",
-					       .keylen = 1, .limit = two[0] };
+					       .keylen = 1, .limit = *TBR_OLD(&two[0]) };
 	char *cmd;
 	size_t len, used;
 	ck_assert_int_eq(tokenbucket_redis_format(&call, &cmd, &len), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_parse(&call, "*0\r\n", 4, &used, NULL, NULL, NULL), -EINVAL);
+	/* The public codec says allow_all through a struct tokenbucket_redis_call_all. */
+	struct tokenbucket_set_result set;
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .key = "k", .keylen = 1, .n = 1 },
+		.limits = two, .count = 2, .res = &set,
+	};
+	ck_assert_int_eq(tokenbucket_redis_format(&all.call, &cmd, &len), 0);
+	ck_assert_ptr_nonnull(memmem(cmd, len, "allow_all", 9));
+	free(cmd);
+	/* { code 1, index 1, level 2, wait 0, full in 1000 ns }: taken, limit 1 the fewest. */
+	static const char reply[] = "*5\r\n:1\r\n:1\r\n:2\r\n:0\r\n:1000\r\n";
+	struct tokenbucket_result one;
+	ck_assert_int_eq(tokenbucket_redis_parse(&all.call, reply, sizeof(reply) - 1, &used, &one,
+						 NULL, NULL),
+			 0);
+	ck_assert_uint_eq(used, sizeof(reply) - 1);
+	ck_assert(set.allowed && one.allowed);
+	ck_assert_uint_eq(set.index, 1);
+	ck_assert_uint_eq(set.limit, 3);
+	ck_assert_uint_eq(one.limit, 3);
+	ck_assert_uint_eq(set.remaining, 2);
+	ck_assert_uint_eq(one.remaining, 2);
+	ck_assert_int_eq(set.reset_after_ns, 1000);
+	ck_assert_int_eq(one.reset_after_ns, 1000);
+	/* Index 2 of 2 limits: not a reply to this call. */
+	static const char beyond[] = "*5\r\n:1\r\n:2\r\n:2\r\n:0\r\n:1000\r\n";
+	ck_assert_int_eq(tokenbucket_redis_parse(&all.call, beyond, sizeof(beyond) - 1, &used, NULL,
+						 NULL, NULL),
+			 -EPROTO);
+	all.count = 0;
+	ck_assert_int_eq(tokenbucket_redis_format(&all.call, &cmd, &len), -EINVAL);
 	redisFree(x);
 }
 END_TEST
@@ -793,7 +844,7 @@ END_TEST
 /* Redis unreachable: the local fallback decides allow_all, a bucket per limit. */
 START_TEST(test_allow_all_fallback)
 {
-	const struct tokenbucket_redis_limit two[2] = {
+	const struct tokenbucket_limit two[2] = {
 		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 4 },
 		{ .tokens = 1, .period_ns = 3600 * SEC, .burst = 2 },
 	};

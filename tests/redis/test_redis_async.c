@@ -361,12 +361,8 @@ static void order_run(char name, int nkeys, int at_once)
 
 START_TEST(test_connections_spread_keep_key_order)
 {
-	ck_assert_int_eq(tokenbucket_redis_set_connections(NULL, 2), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, 0), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, TOKENBUCKET_REDIS_CONNECTIONS_MAX + 1),
-			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, TOKENBUCKET_REDIS_CONNECTIONS_MAX), 0);
-	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, 4), 0);
+	/* acli made an asynchronous client: its options (4 connections, the default) are set. */
+	ck_assert_int_eq(tokenbucket_redis_configure(acli, REDIS_OPTIONS(.connections = 4)), -EBUSY);
 	long before = redis_clients();
 	/* One call at a time: never busy, so one connection. */
 	for (int i = 0; i < 20; i++) {
@@ -399,7 +395,6 @@ START_TEST(test_spare_refused_fails_nothing)
 	 * One connection up, then the server full (room for adm, which asks):
 	 * every spare is closed at once, before its setup is answered.
 	 */
-	ck_assert_int_eq(tokenbucket_redis_set_connections(acli, 4), 0);
 	struct tokenbucket_redis_call c = ALLOW("full", 0);
 	start(&c);
 	run_until_done();

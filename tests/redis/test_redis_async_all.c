@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tokenbucket_redis_async_allow_all[_at] through each adapter (libevent,
+ * TOKENBUCKET_REDIS_ALLOW_ALL calls of tokenbucket_redis_async_start
+ * (struct tokenbucket_redis_call_all) through each adapter (libevent,
  * libuv) against a real server, with the module when TOKENBUCKET_REDIS_MODULE
  * names it, and on a real cluster.  Every answer what the blocking
  * tokenbucket_redis_allow_all[_at] gives on the same sequence, every
@@ -33,13 +34,78 @@ static int fault_at = -1; /* fault() runs after this many completions */
 static void (*fault)(void);
 static int refill_until; /* each completion starts another while fewer were started */
 
-static const struct tokenbucket_redis_limit two[2] = {
+static const struct tokenbucket_limit two[2] = {
 	{ .tokens = 0, .period_ns = SEC, .burst = 1000 },
 	{ .tokens = 0, .period_ns = SEC, .burst = 3000 },
 };
 
-static void start_all(const char *key, const struct tokenbucket_redis_limit *limits, size_t count,
+static void start_all(const char *key, const struct tokenbucket_limit *limits, size_t count,
 		      uint64_t n);
+
+/* A several-limits completion, as tests want it: the whole decision. */
+typedef void set_done_fn(void *arg, int err, const struct tokenbucket_set_result *res);
+struct set_start {
+	struct tokenbucket_set_result res; /* the call_all's: the engine writes it */
+	set_done_fn *done;
+	void *arg;
+};
+
+static void set_started(void *p, int err, const struct tokenbucket_result *one,
+			const struct tokenbucket_reservation *rv, double tokens)
+{
+	struct set_start *s = p;
+	ck_assert_ptr_nonnull(one);
+	ck_assert(rv == NULL && tokens == 0);
+	if (err != 0) {
+		memset(&s->res, 0, sizeof(s->res));
+	} else {
+		/* done's res is the decision in a single limit's terms. */
+		ck_assert(one->allowed == s->res.allowed && one->flags == s->res.flags);
+		ck_assert_uint_eq(one->limit, s->res.limit);
+		ck_assert_uint_eq(one->remaining, s->res.remaining);
+		ck_assert_int_eq(one->retry_after_ns, s->res.retry_after_ns);
+		ck_assert_int_eq(one->reset_after_ns, s->res.reset_after_ns);
+	}
+	struct set_start copy = *s;
+	free(s);
+	copy.done(copy.arg, err, &copy.res);
+}
+
+/* Starts a TOKENBUCKET_REDIS_ALLOW_ALL call on a (_at: at now). */
+static int start_set(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+		     const struct tokenbucket_limit *limits, size_t count, bool at, int64_t now,
+		     uint64_t n, set_done_fn *done, void *arg)
+{
+	struct set_start *s = calloc(1, sizeof(*s));
+	ck_assert_ptr_nonnull(s);
+	s->done = done;
+	s->arg = arg;
+	struct tokenbucket_redis_call_all all = {
+		.call = { .op = TOKENBUCKET_REDIS_ALLOW_ALL, .flags = at ? TOKENBUCKET_REDIS_AT : 0,
+			  .key = key, .keylen = keylen, .now = now, .n = n },
+		.limits = limits,
+		.count = count,
+		.res = &s->res,
+	};
+	int err = tokenbucket_redis_async_start(a, &all.call, done != NULL ? set_started : NULL, s);
+	if (err != 0)
+		free(s);
+	return err;
+}
+
+static int async_allow_all(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+			   const struct tokenbucket_limit *limits, size_t count, uint64_t n,
+			   set_done_fn *done, void *arg)
+{
+	return start_set(a, key, keylen, limits, count, false, 0, n, done, arg);
+}
+
+static int async_allow_all_at(struct tokenbucket_redis_async *a, const void *key, size_t keylen,
+			      const struct tokenbucket_limit *limits, size_t count, int64_t now,
+			      uint64_t n, set_done_fn *done, void *arg)
+{
+	return start_set(a, key, keylen, limits, count, true, now, n, done, arg);
+}
 
 static void set_done(void *arg, int err, const struct tokenbucket_set_result *res)
 {
@@ -54,11 +120,11 @@ static void set_done(void *arg, int err, const struct tokenbucket_set_result *re
 		start_all("m", two, 2, 1);
 }
 
-static void start_all(const char *key, const struct tokenbucket_redis_limit *limits, size_t count,
+static void start_all(const char *key, const struct tokenbucket_limit *limits, size_t count,
 		      uint64_t n)
 {
 	ck_assert_int_lt(started, MAX_CALLS);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY(key), limits, count, n, set_done,
+	ck_assert_int_eq(async_allow_all(ac, KEY(key), limits, count, n, set_done,
 							   &slots[started]),
 			 0);
 	started++;
@@ -158,7 +224,7 @@ START_TEST(test_same_as_blocking)
 	 */
 	static struct tokenbucket_set_result want[DIFF_STEPS];
 	static int want_err[DIFF_STEPS];
-	static const struct tokenbucket_redis_limit pool[5] = {
+	static const struct tokenbucket_limit pool[5] = {
 		{ .tokens = 10, .period_ns = SEC, .burst = 10 },
 		{ .tokens = 1000, .period_ns = 3600 * SEC, .burst = 1000 },
 		{ .tokens = 3, .period_ns = 7 * MS, .burst = 4 },
@@ -166,7 +232,7 @@ START_TEST(test_same_as_blocking)
 		{ .tokens = 7, .period_ns = 100 * MS, .burst = 20 },
 	};
 	uint64_t x = 0x9e3779b97f4a7c15u;
-	struct tokenbucket_redis_limit limits[4];
+	struct tokenbucket_limit limits[4];
 	size_t count = 0;
 	int64_t now = 1000 * SEC;
 	for (int i = 0; i < DIFF_STEPS; i++) {
@@ -179,7 +245,7 @@ START_TEST(test_same_as_blocking)
 		uint64_t n = rnd(&x) % 6 == 0 ? rnd(&x) % 60 : rnd(&x) % 4;
 		want_err[i] = tokenbucket_redis_allow_all_at(acli, KEY("diff:blocking"), limits, count,
 							     now, n, &want[i]);
-		ck_assert_int_eq(tokenbucket_redis_async_allow_all_at(ac, KEY("diff:async"), limits,
+		ck_assert_int_eq(async_allow_all_at(ac, KEY("diff:async"), limits,
 								      count, now, n, set_done,
 								      &slots[started]),
 				 0);
@@ -201,7 +267,7 @@ START_TEST(test_same_as_blocking)
 	counts_reset();
 	struct tokenbucket_set_result w[30];
 	for (int i = 0; i < 30; i++) {
-		const struct tokenbucket_redis_limit fixed[2] = {
+		const struct tokenbucket_limit fixed[2] = {
 			{ .tokens = 0, .period_ns = SEC, .burst = 25 },
 			{ .tokens = 0, .period_ns = SEC, .burst = 10 },
 		};
@@ -228,8 +294,8 @@ END_TEST
 START_TEST(test_values_refused)
 {
 	/* A single limit's value, a string that is no bucket, a hash: refused, unchanged. */
-	const struct tokenbucket_redis_limit one = { .tokens = 1, .period_ns = SEC, .burst = 5 };
-	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("single"), &one, 1, NULL), 0);
+	const struct tokenbucket_limit one = { .tokens = 1, .period_ns = SEC, .burst = 5 };
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("single"), TBR_OLD(&one), 1, NULL), 0);
 	ck_assert_int_eq(server_cmd(&srv, "SET junk tbs1garbage"), REDIS_REPLY_STATUS);
 	ck_assert_int_eq(server_cmd(&srv, "HSET hash f v"), REDIS_REPLY_INTEGER);
 	start_all("single", two, 2, 1);
@@ -251,7 +317,7 @@ START_TEST(test_values_refused)
 	ck_assert_uint_eq(slots[4].res.remaining, 0);
 	/* The single limit is still there, untouched by the refusal. */
 	double tokens = -1;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("single"), &one, &tokens, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("single"), TBR_OLD(&one), &tokens, NULL), 0);
 	ck_assert(tokens >= 4 && tokens <= 5);
 }
 END_TEST
@@ -395,7 +461,7 @@ END_TEST
 START_TEST(test_fallback_when_down)
 {
 	/* The server down, the fallback on: local buckets at half of each burst (2 and 4) decide. */
-	const struct tokenbucket_redis_limit lims[2] = {
+	const struct tokenbucket_limit lims[2] = {
 		{ .tokens = 0, .period_ns = SEC, .burst = 5 },
 		{ .tokens = 0, .period_ns = SEC, .burst = 9 },
 	};
@@ -449,7 +515,7 @@ static void close_client(void)
 	tokenbucket_redis_async_close(ac);
 	ac = NULL;
 	/* Within the callback the client is still there, refusing new calls. */
-	start_after_close = tokenbucket_redis_async_allow_all(closed, KEY("c"), two, 2, 1, set_done,
+	start_after_close = async_allow_all(closed, KEY("c"), two, 2, 1, set_done,
 							      &slots[MAX_CALLS - 1]);
 }
 
@@ -486,30 +552,30 @@ END_TEST
 
 START_TEST(test_bad_arguments)
 {
-	struct tokenbucket_redis_limit many[TOKENBUCKET_SET_MAX + 1];
+	struct tokenbucket_limit many[TOKENBUCKET_SET_MAX + 1];
 	for (size_t i = 0; i < TOKENBUCKET_SET_MAX + 1; i++)
 		many[i] = two[0];
 	struct slot *s = &slots[0];
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(NULL, KEY("b"), two, 2, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(NULL, KEY("b"), two, 2, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), NULL, 2, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), NULL, 2, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), two, 0, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), two, 0, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), many,
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), many,
 							   TOKENBUCKET_SET_MAX + 1, 1, set_done, s),
 			 -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), two, 2, 1, NULL, s), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all_at(ac, NULL, 1, two, 2, 0, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), two, 2, 1, NULL, s), -EINVAL);
+	ck_assert_int_eq(async_allow_all_at(ac, NULL, 1, two, 2, 0, 1, set_done, s),
 			 -EINVAL);
-	struct tokenbucket_redis_limit bad[2] = { two[0], two[1] };
+	struct tokenbucket_limit bad[2] = { two[0], two[1] };
 	bad[1].tokens = 1;
 	bad[1].period_ns = 0;
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all(ac, KEY("b"), bad, 2, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all(ac, KEY("b"), bad, 2, 1, set_done, s),
 			 -EINVAL);
 	bad[1] = two[1];
 	bad[1].burst = TOKENBUCKET_BURST_MAX + 1;
-	ck_assert_int_eq(tokenbucket_redis_async_allow_all_at(ac, KEY("b"), bad, 2, 5, 1, set_done, s),
+	ck_assert_int_eq(async_allow_all_at(ac, KEY("b"), bad, 2, 5, 1, set_done, s),
 			 -ERANGE);
 	/* The blocking call agrees on each. */
 	struct tokenbucket_set_result res;
@@ -533,7 +599,7 @@ static struct cluster cl;
 #define CKEYS 9
 static char ckeys[CKEYS][48];
 static int ckey_owner[CKEYS];
-static const struct tokenbucket_redis_limit cfixed[2] = {
+static const struct tokenbucket_limit cfixed[2] = {
 	{ .tokens = 0, .period_ns = SEC, .burst = 150 },
 	{ .tokens = 0, .period_ns = SEC, .burst = 100 },
 };

@@ -122,7 +122,7 @@ static int sequence(struct tokenbucket_redis *c, redisContext *x, uint64_t seed,
 			break;
 		}
 		case TOKENBUCKET_REDIS_REFUND: {
-			err = tokenbucket_redis_refund_at(c, KEY(key), &st.lim, st.now, st.n);
+			err = tokenbucket_redis_refund_at(c, KEY(key), &(const struct tokenbucket_limit){ st.lim.tokens, st.lim.period_ns, st.lim.burst }, st.now, st.n);
 			ck_assert_msg(err == ex.err, "%s step %d: refund %d, local %d", key, done, err,
 				      ex.err);
 			break;
@@ -144,6 +144,8 @@ static int sequence(struct tokenbucket_redis *c, redisContext *x, uint64_t seed,
 			ck_assert_msg(err == ex.err, "%s step %d: reset %d, local %d", key, done, err,
 				      ex.err);
 			break;
+		case TOKENBUCKET_REDIS_ALLOW_ALL: /* run_set's, never a single key's step */
+			ck_abort_msg("allow_all in a single key's sequence");
 		}
 		if (x != NULL)
 			twin_step(x, key, twin, &st, &res, done);
@@ -187,7 +189,11 @@ int redis_set_sequence(struct tokenbucket_redis *c, uint64_t seed, int steps, lo
 		ck_assert_msg(ex.err != -EFAULT, "the local library refused a step");
 		struct tokenbucket_set_result res;
 		memset(&res, 0xa5, sizeof(res));
-		int err = tokenbucket_redis_allow_all_at(c, KEY(key), st.lim, st.count, st.now, st.n,
+		struct tokenbucket_limit lims[TOKENBUCKET_SET_MAX];
+		for (size_t i = 0; i < st.count; i++)
+			lims[i] = (struct tokenbucket_limit){ st.lim[i].tokens, st.lim[i].period_ns,
+							      st.lim[i].burst };
+		int err = tokenbucket_redis_allow_all_at(c, KEY(key), lims, st.count, st.now, st.n,
 							 &res);
 		ck_assert_msg(err == ex.err, "%s step %d: allow_all %d, local %d", key, done, err,
 			      ex.err);

@@ -47,6 +47,11 @@ struct fake {
 
 #define BYTES(s) s, sizeof(s) - 1
 
+/* The blocking calls pipelined (tokenbucket_redis_configure). */
+static const struct tokenbucket_redis_options piped_options = {
+	.size = sizeof(struct tokenbucket_redis_options), .pipelining = 1,
+};
+
 static size_t copy(char *out, size_t size, const char *s, size_t len)
 {
 	ck_assert_uint_le(len, size);
@@ -100,7 +105,7 @@ static struct tokenbucket_redis *client_of(const struct fake *f, bool pipelined,
 	struct tokenbucket_redis *r;
 	ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000), INT64_C(1000000000)), 0);
 	if (pipelined)
-		ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+		ck_assert_int_eq(tokenbucket_redis_configure(r, &piped_options), 0);
 	return r;
 }
 
@@ -181,7 +186,7 @@ static void allow_everywhere_fails(const char *url, bool cluster, int err)
 					 0);
 		}
 		if (path == 1)
-			ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+			ck_assert_int_eq(tokenbucket_redis_configure(r, &piped_options), 0);
 		struct tokenbucket_result res;
 		got[path] = path == 2 ? async_allow(r, NULL, &res)
 				      : tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res);
@@ -459,7 +464,7 @@ static void trickled_allow(struct fake *f, const char *url)
 		struct tokenbucket_redis *r;
 		ck_assert_int_eq(tokenbucket_redis_open(&r, url, INT64_C(1000000000), 200 * 1000000), 0);
 		if (pipelined)
-			ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+			ck_assert_int_eq(tokenbucket_redis_configure(r, &piped_options), 0);
 		struct tokenbucket_result res;
 		int64_t t0 = tokenbucket_now();
 		ck_assert_int_eq(tokenbucket_redis_allow(r, "k", 1, &lim, 1, &res), -ETIME);

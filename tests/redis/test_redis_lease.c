@@ -76,32 +76,32 @@ static void await_tokens(struct tokenbucket_redis_lease *l)
 
 START_TEST(test_refund_op)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 100 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 100 };
 	struct tokenbucket_result res;
 	double v = 0;
-	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), &lim, 30, &res), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), TBR_OLD(&lim), 30, &res), 0);
 	ck_assert(res.allowed);
 	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("r"), &lim, 20), 0);
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert(v == 90);
 	/* Never above the burst; more than a burst is refused, unchanged. */
 	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("r"), &lim, 100), 0);
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert(v == 100);
-	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), &lim, 100, &res), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("r"), TBR_OLD(&lim), 100, &res), 0);
 	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("r"), &lim, 101), -E2BIG);
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("r"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert(v == 0);
 	/* In debt, a give-back pays the debt first. */
 	struct tokenbucket_reservation rv;
-	const struct tokenbucket_redis_limit slow = { .tokens = 1, .period_ns = 1000 * SEC,
+	const struct tokenbucket_limit slow = { .tokens = 1, .period_ns = 1000 * SEC,
 						      .burst = 10 };
-	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("d"), &slow, SEC, 10, TOKENBUCKET_NEVER,
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("d"), TBR_OLD(&slow), SEC, 10, TOKENBUCKET_NEVER,
 						      &rv, NULL), 0);
-	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("d"), &slow, SEC, 4, TOKENBUCKET_NEVER,
+	ck_assert_int_eq(tokenbucket_redis_reserve_at(cli, KEY("d"), TBR_OLD(&slow), SEC, 4, TOKENBUCKET_NEVER,
 						      &rv, NULL), 0);
 	ck_assert_int_eq(tokenbucket_redis_refund_at(cli, KEY("d"), &slow, SEC, 6), 0);
-	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("d"), &slow, SEC, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens_at(cli, KEY("d"), TBR_OLD(&slow), SEC, &v, NULL), 0);
 	ck_assert(v == 2);
 	ck_assert_int_eq(tokenbucket_redis_refund_at(cli, NULL, 1, &slow, SEC, 1), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_refund(cli, KEY("d"), NULL, 1), -EINVAL);
@@ -110,7 +110,7 @@ END_TEST
 
 START_TEST(test_open_refuses)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
+	const struct tokenbucket_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
 	struct tokenbucket_redis_lease *l = NULL;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(NULL, cli, KEY("k"), &lim, 0.5, SEC), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, NULL, KEY("k"), &lim, 0.5, SEC), -EINVAL);
@@ -123,7 +123,7 @@ START_TEST(test_open_refuses)
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &lim, 0.5, 0), -EINVAL);
 	/* A window in which the rate makes no token: no lease. */
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &lim, 0.5, 1000), -EINVAL);
-	const struct tokenbucket_redis_limit big = { .tokens = 1, .period_ns = 1,
+	const struct tokenbucket_limit big = { .tokens = 1, .period_ns = 1,
 						     .burst = TOKENBUCKET_BURST_MAX + 1 };
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("k"), &big, 0.5, SEC), -ERANGE);
 	ck_assert_ptr_null(l);
@@ -135,7 +135,7 @@ END_TEST
 /* Rate 0, so that the shared bucket's level says exactly what came back. */
 START_TEST(test_close_gives_back)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("g"), &lim, 0.5, SEC), 0);
 	await_tokens(l);
@@ -151,7 +151,7 @@ START_TEST(test_close_gives_back)
 	long big = res.allowed ? 600 : 0;
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
 	double v = 0;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("g"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("g"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert_msg(v == 1000 - granted - big, "level %.17g after %ld + %ld granted", v, granted,
 		      big);
 }
@@ -160,7 +160,7 @@ END_TEST
 /* A reservation refused for want of tokens asks for more, as a refused allow does. */
 START_TEST(test_refused_reserve_refills)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("rr"), &lim, 0.5, SEC), 0);
 	await_tokens(l);
@@ -183,7 +183,7 @@ END_TEST
 
 START_TEST(test_quiet_gives_back)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("q"), &lim, 0.5, 50 * MS), 0);
 	await_tokens(l);
@@ -193,7 +193,7 @@ START_TEST(test_quiet_gives_back)
 	/* Within two windows of the last call (generous: 10 s) all else is back. */
 	double v = 0;
 	for (int i = 0; i < 1000; i++) {
-		ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("q"), &lim, &v, NULL), 0);
+		ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("q"), TBR_OLD(&lim), &v, NULL), 0);
 		if (v == 1000 - granted)
 			break;
 		sleep_ns(10 * MS);
@@ -203,7 +203,7 @@ START_TEST(test_quiet_gives_back)
 	ck_assert_int_eq(tokenbucket_redis_lease_tokens(l, &h), 0);
 	ck_assert_uint_eq(h, 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("q"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("q"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert(v == 1000 - granted);
 }
 END_TEST
@@ -211,11 +211,11 @@ END_TEST
 /* ---- The fleet ------------------------------------------------------------ */
 
 /* 10^6 tokens per second; slower under a sanitizer (CK_TIMEOUT_MULTIPLIER). */
-static struct tokenbucket_redis_limit fleet_limit(void)
+static struct tokenbucket_limit fleet_limit(void)
 {
 	const char *mult = getenv("CK_TIMEOUT_MULTIPLIER");
 	bool slow = mult != NULL && atof(mult) > 1;
-	return (struct tokenbucket_redis_limit){ .tokens = 1, .period_ns = slow ? 10000 : 1000,
+	return (struct tokenbucket_limit){ .tokens = 1, .period_ns = slow ? 10000 : 1000,
 						 .burst = slow ? 10000 : 100000 };
 }
 #define SHARE 0.25
@@ -285,7 +285,7 @@ static void *work(void *arg)
 	return NULL;
 }
 
-static void process(const struct tokenbucket_redis_limit *lim, const struct plan *p,
+static void process(const struct tokenbucket_limit *lim, const struct plan *p,
 		    struct tally *t)
 {
 	struct tokenbucket_redis *r;
@@ -320,7 +320,7 @@ static void (*fleet_failover)(void);
  * than spin: four spinning processes on two cores measure the scheduler,
  * whichever runs when a chunk is there taking it.
  */
-static void process_async(const struct tokenbucket_redis_limit *lim, const struct plan *p,
+static void process_async(const struct tokenbucket_limit *lim, const struct plan *p,
 			  struct tally *t)
 {
 	struct tokenbucket_redis *r;
@@ -398,7 +398,7 @@ static bool fleet_skipped(void)
 
 static void run_fleet(struct fleet *f, enum fault fault, int64_t run_ns)
 {
-	const struct tokenbucket_redis_limit lim = fleet_limit();
+	const struct tokenbucket_limit lim = fleet_limit();
 	f->rate = 1.0 / (double)lim.period_ns;
 	f->back = 0;
 	f->cap = (uint64_t)(SHARE * (double)lim.burst);
@@ -488,7 +488,7 @@ void lease_fleet(const char *const *seeds, size_t nseeds)
 	struct fleet f;
 	const int64_t run_ns = 1500 * MS;
 	run_fleet(&f, NONE, run_ns);
-	const struct tokenbucket_redis_limit lim = fleet_limit();
+	const struct tokenbucket_limit lim = fleet_limit();
 	long sum = total(&f, PROCS);
 	double bound = (double)lim.burst + f.rate * (double)f.server_elapsed;
 	double made = f.rate * (double)run_ns;
@@ -557,7 +557,7 @@ static void fleet_kill(void)
 	struct fleet f;
 	const int64_t run_ns = 1500 * MS;
 	run_fleet(&f, KILL, run_ns);
-	const struct tokenbucket_redis_limit lim = fleet_limit();
+	const struct tokenbucket_limit lim = fleet_limit();
 	/* What the killed process granted is counted up to 1024 per thread short. */
 	long sum = total(&f, PROCS);
 	double bound = (double)lim.burst + f.rate * (double)f.server_elapsed;
@@ -585,7 +585,7 @@ static void fleet_restart(int64_t run_ns)
 		return;
 	struct fleet f;
 	run_fleet(&f, RESTART, run_ns);
-	const struct tokenbucket_redis_limit lim = fleet_limit();
+	const struct tokenbucket_limit lim = fleet_limit();
 	/* Every process leases again from the new server. */
 	for (int i = 0; i < PROCS; i++)
 		ck_assert_int_gt(atomic_load(&f.t[i].late), 0);
@@ -633,8 +633,8 @@ struct change {
 	atomic_int switched;
 };
 
-static void process_change(const struct tokenbucket_redis_limit *a,
-			   const struct tokenbucket_redis_limit *b, const struct plan *p,
+static void process_change(const struct tokenbucket_limit *a,
+			   const struct tokenbucket_limit *b, const struct plan *p,
 			   int64_t change_at, struct change *c)
 {
 	struct tokenbucket_redis *r;
@@ -678,7 +678,7 @@ static void fleet_rate_change(void)
 {
 	if (fleet_skipped())
 		return;
-	struct tokenbucket_redis_limit a = fleet_limit(), b = a;
+	struct tokenbucket_limit a = fleet_limit(), b = a;
 	b.period_ns = 5 * a.period_ns; /* a fifth of the rate, the same burst */
 	struct change *c = mmap(NULL, sizeof(*c), PROT_READ | PROT_WRITE,
 				MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -748,7 +748,7 @@ static uint64_t await_covered(struct tokenbucket_redis_lease *l,
 {
 	uint64_t m = 1;
 	for (int i = 0; i < 1000 && m > 0; i++) {
-		ck_assert_int_eq(tokenbucket_redis_lease_missing(l, rv, &m), 0);
+		ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, rv, &m), 0);
 		if (m > 0)
 			sleep_ns(10 * MS);
 	}
@@ -758,7 +758,7 @@ static uint64_t await_covered(struct tokenbucket_redis_lease *l,
 /* Rate 0: the shared level after close says exactly what was granted. */
 START_TEST(test_reserve_cancel)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("rc"), &lim, 0.5, SEC), 0);
 	await_tokens(l);
@@ -768,7 +768,7 @@ START_TEST(test_reserve_cancel)
 	ck_assert_uint_eq(a.ticket, 0);
 	ck_assert_uint_eq(a.tokens, 1);
 	uint64_t m = 9;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &a, &m), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &a, &m), 0);
 	ck_assert_uint_eq(m, 0);
 	/* More than held at rate 0: never, unless the caller accepts never. */
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 500, 10 * SEC, &b), -ETIMEDOUT);
@@ -785,13 +785,13 @@ START_TEST(test_reserve_cancel)
 	/* Wait until the shared bucket is drained into the lease: d cannot be whole. */
 	double v = -1;
 	for (int i = 0; i < 1000; i++) {
-		ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rc"), &lim, &v, NULL), 0);
+		ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rc"), TBR_OLD(&lim), &v, NULL), 0);
 		if (v == 0)
 			break;
 		sleep_ns(10 * MS);
 	}
 	ck_assert(v == 0);
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &d, &m), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &d, &m), 0);
 	ck_assert_uint_gt(m, 0); /* 1000 - 1 - 500 - 400 = 99 for d at most */
 	/* c, covered or not, gives back what it took: those go to d first. */
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &c), 0);
@@ -805,9 +805,9 @@ START_TEST(test_reserve_cancel)
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &bad), -EINVAL);
 	bad = (struct tokenbucket_reservation){ .tokens = 501 };
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &bad), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &bad, NULL), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &bad, NULL), -EINVAL);
 	bad = (struct tokenbucket_reservation){ .tokens = 1, .ticket = 1000 };
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &bad, &m), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &bad, &m), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(NULL, 1, 0, &a), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 1, 0, NULL), -EINVAL);
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(NULL, &a), -EINVAL);
@@ -815,7 +815,7 @@ START_TEST(test_reserve_cancel)
 	ck_assert_int_eq(tokenbucket_redis_lease_wait(NULL, 1, TOKENBUCKET_NEVER, -1), -EINVAL);
 	/* Granted: b and d, 800.  Everything else is back after close. */
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rc"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rc"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert_msg(v == 1000 - 800, "level %.17g", v);
 }
 END_TEST
@@ -823,7 +823,7 @@ END_TEST
 /* A reservation queued at close: the tokens refills gave it go back too. */
 START_TEST(test_close_with_queued)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 100 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 100 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("cq"), &lim, 1, SEC), 0);
 	await_tokens(l);
@@ -833,11 +833,11 @@ START_TEST(test_close_with_queued)
 	/* b gets the last 10 at most: it never is whole. */
 	ck_assert_int_eq(tokenbucket_redis_lease_reserve(l, 20, TOKENBUCKET_NEVER, &b), 0);
 	uint64_t m = 0;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &b, &m), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &b, &m), 0);
 	ck_assert_uint_gt(m, 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
 	double v = -1;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cq"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cq"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert_msg(v == 10, "level %.17g", v);
 }
 END_TEST
@@ -845,7 +845,7 @@ END_TEST
 /* The client closed first: the lease gives everything back, then refuses. */
 START_TEST(test_client_closed_first)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis *r;
 	ck_assert_int_eq(tokenbucket_redis_open(&r, srv.url, SEC, SEC), 0);
 	struct tokenbucket_redis_lease *l, *l2;
@@ -861,9 +861,9 @@ START_TEST(test_client_closed_first)
 	tokenbucket_redis_close(r);
 	/* Everything but a's 400 is back, b's share included. */
 	double v = -1;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert_msg(v == 600, "level %.17g", v);
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc2"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc2"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert(v == 1000);
 	/* Every call refuses, none touches the freed client. */
 	struct tokenbucket_result res;
@@ -878,11 +878,11 @@ START_TEST(test_client_closed_first)
 	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
 	ck_assert_int_eq(tokenbucket_redis_lease_wait(l, 1001, TOKENBUCKET_NEVER, -1), -ESHUTDOWN);
 	uint64_t m = 0;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(l, &b, &m), -ESHUTDOWN);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(l, &b, &m), -ESHUTDOWN);
 	ck_assert_uint_gt(m, 0); /* never covered */
 	ck_assert_int_eq(tokenbucket_redis_lease_cancel(l, &a), 0); /* gives nothing */
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc"), &lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("cc"), TBR_OLD(&lim), &v, NULL), 0);
 	ck_assert_msg(v == 600, "level %.17g", v);
 }
 END_TEST
@@ -890,14 +890,14 @@ END_TEST
 /* The limits of a lease: the rate must not make a burst in a quarter window. */
 START_TEST(test_open_ranges)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
+	const struct tokenbucket_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
 	struct tokenbucket_redis_lease *l = NULL;
 	/* 3/8 of 267 ms makes 100.1 tokens, a burst: refused; of 266 ms, 99.75. */
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 267 * MS),
 			 -ERANGE);
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &lim, 0.5, 266 * MS), 0);
 	ck_assert_int_eq(tokenbucket_redis_lease_close(l), 0);
-	const struct tokenbucket_redis_limit zero = { .tokens = 0, .period_ns = 1, .burst = 100 };
+	const struct tokenbucket_limit zero = { .tokens = 0, .period_ns = 1, .burst = 100 };
 	l = NULL;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("o"), &zero, 0.5,
 						      3601 * SEC), -ERANGE);
@@ -928,10 +928,10 @@ static void *close_later(void *arg)
 /* A shared bucket kept empty: 1 token per 1000 s. */
 START_TEST(test_wait_cancel)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 1000 * SEC,
+	const struct tokenbucket_limit lim = { .tokens = 1, .period_ns = 1000 * SEC,
 						     .burst = 10 };
 	struct tokenbucket_result res;
-	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("w"), &lim, 10, &res), 0);
+	ck_assert_int_eq(tokenbucket_redis_allow(cli, KEY("w"), TBR_OLD(&lim), 10, &res), 0);
 	ck_assert(res.allowed);
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("w"), &lim, 1, 3600 * SEC), 0);
@@ -965,12 +965,12 @@ END_TEST
 /* The deadline comes before the tokens: 100 tokens/s, a debt of a second. */
 START_TEST(test_wait_deadline)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 10 * MS,
+	const struct tokenbucket_limit lim = { .tokens = 1, .period_ns = 10 * MS,
 						     .burst = 100 };
 	struct tokenbucket_reservation rv;
-	ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("wd"), &lim, 100, TOKENBUCKET_NEVER, &rv,
+	ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("wd"), TBR_OLD(&lim), 100, TOKENBUCKET_NEVER, &rv,
 						   NULL), 0);
-	ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("wd"), &lim, 100, TOKENBUCKET_NEVER, &rv,
+	ck_assert_int_eq(tokenbucket_redis_reserve(cli, KEY("wd"), TBR_OLD(&lim), 100, TOKENBUCKET_NEVER, &rv,
 						   NULL), 0);
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_lease_open(&l, cli, KEY("wd"), &lim, 0.5, 200 * MS), 0);
@@ -1008,7 +1008,7 @@ struct rworker {
 
 struct rfleet {
 	const char *key;
-	struct tokenbucket_redis_limit lim;
+	struct tokenbucket_limit lim;
 	double share;
 	int64_t window;
 	void *(*work)(void *); /* on a struct rworker */
@@ -1104,7 +1104,7 @@ static void *rwork(void *arg)
 		/* Kept if covered within 20 ms, unless what == 1. */
 		uint64_t m = 1;
 		for (int i = 0; i < 20 && m > 0; i++) {
-			if (tokenbucket_redis_lease_missing(w->l, &rv, &m) != 0)
+			if (tokenbucket_redis_lease_deficiency(w->l, &rv, &m) != 0)
 				e++;
 			if (m > 0)
 				sleep_ns(MS);
@@ -1141,7 +1141,7 @@ START_TEST(test_reserve_fleet)
 	long g, e;
 	run_rfleet(&f, &g, &e);
 	double v = -1;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rf"), &f.lim, &v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY("rf"), TBR_OLD(&f.lim), &v, NULL), 0);
 	printf("redis lease reserve fleet: %d x %d threads, %ld granted of %" PRIu64
 	       ", level %.0f after close\n", RPROCS, RTHREADS, g, f.lim.burst, v);
 	fflush(stdout);
@@ -1222,7 +1222,7 @@ static bool holds_tokens(void *arg)
 
 struct level {
 	const char *key;
-	const struct tokenbucket_redis_limit *lim;
+	const struct tokenbucket_limit *lim;
 	double want, v;
 };
 
@@ -1230,7 +1230,7 @@ struct level {
 static bool level_is(void *arg)
 {
 	struct level *lv = arg;
-	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY(lv->key), lv->lim, &lv->v, NULL), 0);
+	ck_assert_int_eq(tokenbucket_redis_tokens(cli, KEY(lv->key), TBR_OLD(lv->lim), &lv->v, NULL), 0);
 	return lv->v == lv->want;
 }
 
@@ -1265,7 +1265,7 @@ static void setup_libuv(void)
 
 START_TEST(test_async_open_refuses)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
+	const struct tokenbucket_limit lim = { .tokens = 1, .period_ns = MS, .burst = 100 };
 	struct tokenbucket_redis_lease *l = NULL;
 	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, NULL, KEY("k"), &lim, 0.5, SEC),
 			 -EINVAL);
@@ -1286,7 +1286,7 @@ END_TEST
  */
 START_TEST(test_async_close_gives_back)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("g"), &lim, 0.5, SEC),
 			 0);
@@ -1310,7 +1310,7 @@ END_TEST
 /* A whole window without a call: the loop's timer gives the tokens back. */
 START_TEST(test_async_quiet_gives_back)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("q"), &lim, 0.5,
 							    50 * MS), 0);
@@ -1331,7 +1331,7 @@ END_TEST
 /* Closed while its first refill is on its way: what that refill took comes back. */
 START_TEST(test_async_close_in_flight)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("f"), &lim, 0.5, SEC),
 			 0);
@@ -1351,14 +1351,14 @@ static bool is_covered(void *arg)
 {
 	struct covered *c = arg;
 	uint64_t missing = 1;
-	ck_assert_int_eq(tokenbucket_redis_lease_missing(c->l, &c->rv, &missing), 0);
+	ck_assert_int_eq(tokenbucket_redis_lease_deficiency(c->l, &c->rv, &missing), 0);
 	return missing == 0;
 }
 
 /* A reservation queued before any token is there is covered by refills the loop makes. */
 START_TEST(test_async_reserve)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 1000, .period_ns = SEC,
+	const struct tokenbucket_limit lim = { .tokens = 1000, .period_ns = SEC,
 						     .burst = 1000 };
 	struct covered c;
 	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&c.l, alease_a, KEY("v"), &lim, 0.5,
@@ -1380,7 +1380,7 @@ END_TEST
 /* The asynchronous client closed first: the lease refuses, then frees. */
 START_TEST(test_async_client_closed_first)
 {
-	const struct tokenbucket_redis_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
+	const struct tokenbucket_limit lim = { .tokens = 0, .period_ns = 1, .burst = 1000 };
 	struct tokenbucket_redis_lease *l;
 	ck_assert_int_eq(tokenbucket_redis_async_lease_open(&l, alease_a, KEY("c"), &lim, 0.5, SEC),
 			 0);

@@ -927,55 +927,68 @@ static void allow_burst(struct tokenbucket_redis *r, const char *key, int n)
  * to the script (or the function library), with nothing lost; _ALWAYS on a server without it
  * is the server's error.  One key goes through every path: one bucket.
  */
+/* A client of srv with options o (tokenbucket_redis_configure). */
+static struct tokenbucket_redis *client_with(const struct tokenbucket_redis_options *o)
+{
+	struct tokenbucket_redis *r;
+	ck_assert_int_eq(tokenbucket_redis_open(&r, srv.url, SEC, 500 * MS), 0);
+	ck_assert_int_eq(tokenbucket_redis_configure(r, o), 0);
+	return r;
+}
+
 START_TEST(test_module_detected)
 {
+	static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
+	struct tokenbucket_result res;
 	for (int piped = 0; piped < 2; piped++) {
-		ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, piped), 0);
+		struct tokenbucket_redis *found = client_with(REDIS_OPTIONS(.pipelining = piped));
+		struct tokenbucket_redis *never = client_with(
+			REDIS_OPTIONS(.pipelining = piped, .module = TOKENBUCKET_REDIS_MODULE_NEVER));
 		char key[16];
 		snprintf(key, sizeof(key), "d%d", piped);
 		/* A new pipelined connection sends the script until the server has answered. */
-		allow_burst(cli, "warm", 1);
+		allow_burst(found, "warm", 1);
 		ck_assert_int_eq(server_cmd(&srv, "CONFIG RESETSTAT"), REDIS_REPLY_STATUS);
-		allow_burst(cli, key, 2);
+		allow_burst(found, key, 2);
 		ck_assert_int_eq(redis_calls_of("tokenbucket.call"), 2);
 		ck_assert_int_eq(redis_calls_of("evalsha") + redis_calls_of("eval"), 0);
-		ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_NEVER), 0);
-		struct tokenbucket_result res;
-		static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
-		ck_assert_int_eq(tokenbucket_redis_allow(cli, key, strlen(key), &lim, 1, &res), 0);
+		ck_assert_int_eq(tokenbucket_redis_allow(never, key, strlen(key), &lim, 1, &res), 0);
 		ck_assert(res.allowed); /* the third token: the module's writes read by the script */
-		ck_assert_int_eq(tokenbucket_redis_allow(cli, key, strlen(key), &lim, 1, &res), 0);
+		ck_assert_int_eq(tokenbucket_redis_allow(never, key, strlen(key), &lim, 1, &res), 0);
 		ck_assert(!res.allowed);
 		ck_assert_int_eq(redis_calls_of("tokenbucket.call"), 2);
 		ck_assert_int_ge(redis_calls_of("evalsha") + redis_calls_of("eval"), 2);
-		ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_AUTO), 0);
+		tokenbucket_redis_close(found);
+		tokenbucket_redis_close(never);
 	}
-	ck_assert_int_eq(tokenbucket_redis_set_module(cli, 3), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_module(cli, -1), -EINVAL);
-	ck_assert_int_eq(tokenbucket_redis_set_module(NULL, 0), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(cli, REDIS_OPTIONS(.module = 3)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(cli, REDIS_OPTIONS(.module = -1)), -EINVAL);
+	ck_assert_int_eq(tokenbucket_redis_configure(NULL, REDIS_OPTIONS(.module = 0)), -EINVAL);
 
-	/* Unloaded under the pooled (and the pipelined) connection: the script takes over. */
-	allow_burst(cli, "u", 1);
+	/* Unloaded under the pooled (cli) and the pipelined connection: the script takes over. */
+	struct tokenbucket_redis *piped = client_with(REDIS_OPTIONS(.pipelining = 1));
+	allow_burst(piped, "u", 1);
+	allow_burst(cli, "warm", 1);
 	ck_assert_int_eq(server_cmd(&srv, "MODULE UNLOAD tokenbucket"), REDIS_REPLY_STATUS);
 	ck_assert_int_eq(server_cmd(&srv, "CONFIG RESETSTAT"), REDIS_REPLY_STATUS);
-	static const struct tokenbucket_redis_limit lim = { .tokens = 1, .period_ns = 3600 * SEC, .burst = 3 };
-	struct tokenbucket_result res;
 	for (int i = 1; i < 4; i++) {
-		ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), 0);
+		ck_assert_int_eq(tokenbucket_redis_allow(piped, "u", 1, &lim, 1, &res), 0);
 		ck_assert_int_eq(res.allowed, i < 3);
 	}
 	/* The script, or on Redis 7 the function library, which the connections found too. */
 	ck_assert_int_ge(redis_calls_of("evalsha") + redis_calls_of("eval") + redis_calls_of("fcall"), 3);
-	/* The pooled blocking connections found the module too. */
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, 0), 0);
+	/* The pooled blocking connections found the module gone too. */
 	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), 0);
 	ck_assert(!res.allowed);
 	ck_assert_int_eq(redis_calls_of("tokenbucket.call"), 0);
+	tokenbucket_redis_close(piped);
 	/* Forced onto a server without it: the server's error, nothing decided. */
-	ck_assert_int_eq(tokenbucket_redis_set_module(cli, TOKENBUCKET_REDIS_MODULE_ALWAYS), 0);
-	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), -EPROTO);
-	ck_assert_int_eq(tokenbucket_redis_set_pipelining(cli, 1), 0);
-	ck_assert_int_eq(tokenbucket_redis_allow(cli, "u", 1, &lim, 1, &res), -EPROTO);
+	for (int p = 0; p < 2; p++) {
+		struct tokenbucket_redis *always = client_with(
+			REDIS_OPTIONS(.pipelining = p, .module = TOKENBUCKET_REDIS_MODULE_ALWAYS));
+		ck_assert_int_eq(tokenbucket_redis_allow(always, "u", 1, &lim, 1, &res), -EPROTO);
+		tokenbucket_redis_close(always);
+	}
 }
 END_TEST
 

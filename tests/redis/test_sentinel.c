@@ -41,7 +41,7 @@ static struct tokenbucket_redis *client_of(const char *u)
 	struct tokenbucket_redis *r;
 	ck_assert_int_eq(tokenbucket_redis_open(&r, u, SEC, TIMEOUT), 0);
 	if (getenv("TOKENBUCKET_REDIS_PIPELINING") != NULL)
-		ck_assert_int_eq(tokenbucket_redis_set_pipelining(r, 1), 0);
+		ck_assert_int_eq(tokenbucket_redis_configure(r, REDIS_OPTIONS(.pipelining = 1)), 0);
 	return r;
 }
 

@@ -311,7 +311,8 @@ static void open_lease(void)
 	long double w = 2.0L * (long double)g.lim.burst * (long double)g.lim.period_ns /
 			(long double)g.lim.tokens;
 	g.lease_window = w > 3600e9L ? INT64_C(3600000000000) : w < 1 ? 1 : (int64_t)w;
-	if (tokenbucket_redis_lease_open(&g.lease, g.redis, g.key, strlen(g.key), &g.lim,
+	const struct tokenbucket_limit lim = { g.lim.tokens, g.lim.period_ns, g.lim.burst };
+	if (tokenbucket_redis_lease_open(&g.lease, g.redis, g.key, strlen(g.key), &lim,
 					 LEASE_SHARE, g.lease_window) != 0) {
 		g.lease = NULL;
 		return;
