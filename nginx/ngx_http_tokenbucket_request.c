@@ -720,21 +720,25 @@ ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	size = sizeof(*ctx) + nrv * NGX_HTTP_TB_RATES_MAX * sizeof(*ctx->rv) +
 	       n * (sizeof(*ctx->keys) + sizeof(*ctx->costs) + sizeof(*ctx->local));
 	/*
-	 * The ctx is the cleanup's data: one call allocates both, and the
-	 * room for the last limit's RateLimit value (unreported writes it).
+	 * The ctx is the data of a cleanup of the main request's pool, with
+	 * the room for the last limit's RateLimit value (unreported writes
+	 * it): one allocation for all, where ngx_pool_cleanup_add makes two.
 	 */
-	cln = ngx_pool_cleanup_add(r->main->pool,
-				   size + NGX_HTTP_TB_VALUE_SIZE(limits[n - 1].item.len));
+	cln = ngx_palloc(r->main->pool,
+			 sizeof(*cln) + size + NGX_HTTP_TB_VALUE_SIZE(limits[n - 1].item.len));
 	if (cln == NULL)
 		return NGX_HTTP_INTERNAL_SERVER_ERROR;
-	p = cln->data;
+	p = (u_char *)(cln + 1);
+	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
+	cln->data = p;
+	cln->next = r->main->pool->cleanup;
+	r->main->pool->cleanup = cln;
 	ngx_memzero(p, size);
 	ctx = (ngx_http_tokenbucket_ctx_t *)p;
 	ctx->rv = (struct tokenbucket_reservation *)(ctx + 1);
 	ctx->keys = (ngx_str_t *)(ctx->rv + nrv * NGX_HTTP_TB_RATES_MAX);
 	ctx->costs = (uint64_t *)(ctx->keys + n);
 	ctx->local = (u_char *)(ctx->costs + n);
-	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
 	ngx_http_set_ctx(r->main, ctx, ngx_http_tokenbucket_module);
 	ctx->status = NGX_HTTP_TB_PASSED;
 
