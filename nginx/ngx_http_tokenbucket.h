@@ -37,6 +37,14 @@
 
 /* rate= of a local zone at most: a table each, all in the zone's memory. */
 #define NGX_HTTP_TB_RATES_MAX 4
+/*
+ * A limit's item ("NAME";r=) is kept after this many readable bytes, so
+ * that one no longer is copied as this many bytes ending at its end: a
+ * fixed-size copy, no call.
+ */
+#define NGX_HTTP_TB_ITEM_PAD 32
+/* Room for RateLimit's value of an item of len bytes, with the pad before it. */
+#define NGX_HTTP_TB_VALUE_SIZE(len) (NGX_HTTP_TB_ITEM_PAD + (len) + 2 * NGX_INT64_LEN + 3)
 
 /* Seeds of cluster= at most (the library's own limit is 1024). */
 #define NGX_HTTP_TB_SEEDS_MAX 64
@@ -167,7 +175,8 @@ typedef struct {
 	ngx_str_t *keys;      /* per limit */
 	uint64_t *costs;
 	struct tokenbucket_reservation *rv; /* NGX_HTTP_TB_RATES_MAX per limit */
-	u_char *local;        /* per limit: a Redis zone's grant made by its fallback */
+	u_char *local;        /* per limit: a Redis zone's grant made by its fallback; then
+				 NGX_HTTP_TB_VALUE_SIZE of the last limit's item, not cleared */
 	ngx_http_tokenbucket_pending_t *pending; /* the call in flight, or NULL */
 	int64_t reply_at;     /* tokenbucket_now() when the last reply came; 0: none */
 	ngx_http_tokenbucket_reply_t *reply; /* from the first call to Redis; else NULL */

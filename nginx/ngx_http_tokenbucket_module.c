@@ -283,9 +283,12 @@ static ngx_int_t ngx_http_tokenbucket_policy(ngx_conf_t *cf, ngx_http_tokenbucke
 		z = l[i].shm_zone->data;
 		if (l[i].item.data == NULL) {
 			/* Limits a location shares with its parent are made once. */
-			l[i].item.data = ngx_pnalloc(cf->pool, 2 * z->name.len + 2 + 3);
+			l[i].item.data = ngx_pnalloc(cf->pool,
+						     NGX_HTTP_TB_ITEM_PAD + 2 * z->name.len + 2 + 3);
 			if (l[i].item.data == NULL)
 				return NGX_ERROR;
+			ngx_memzero(l[i].item.data, NGX_HTTP_TB_ITEM_PAD);
+			l[i].item.data += NGX_HTTP_TB_ITEM_PAD;
 			l[i].item.len = ngx_cpymem(ngx_http_tokenbucket_sf_string(l[i].item.data,
 										  &z->name),
 						   ";r=", 3) -

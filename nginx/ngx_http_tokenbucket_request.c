@@ -89,22 +89,19 @@ static ngx_inline ngx_int_t ngx_http_tokenbucket_header(ngx_http_request_t *r, n
 
 /*
  * The draft's fields: RateLimit-Policy, fixed (merge_conf made it), and
- * RateLimit: "NAME";r=REMAINING;t=RESET, written backwards from its end in
- * one allocation; no t when the bucket never refills (reset < 0).
+ * RateLimit: "NAME";r=REMAINING;t=RESET, written backwards to end, where
+ * it stays (NGX_HTTP_TB_VALUE_SIZE(item->len) bytes before end are its);
+ * no t when the bucket never refills (reset < 0).
  */
 static ngx_inline ngx_int_t ngx_http_tokenbucket_ratelimit(ngx_http_request_t *r,
 						ngx_http_tokenbucket_conf_t *tcf,
-						ngx_str_t *item, uint64_t remaining,
-						ngx_int_t reset)
+						ngx_str_t *item, u_char *end,
+						uint64_t remaining, ngx_int_t reset)
 {
 	static ngx_str_t policy = ngx_string("RateLimit-Policy");
 	static ngx_str_t ratelimit = ngx_string("RateLimit");
-	u_char *p = ngx_pnalloc(r->pool, item->len + 2 * NGX_INT64_LEN + 3), *end;
+	u_char *p = end;
 
-	if (p == NULL)
-		return NGX_ERROR;
-	end = p + item->len + 2 * NGX_INT64_LEN + 3;
-	p = end;
 	if (reset >= 0) {
 		p = (u_char *)put_u64_back((char *)p, (uint64_t)reset);
 		*--p = '=';
@@ -112,8 +109,12 @@ static ngx_inline ngx_int_t ngx_http_tokenbucket_ratelimit(ngx_http_request_t *r
 		*--p = ';';
 	}
 	p = (u_char *)put_u64_back((char *)p, remaining);
+	if (item->len <= NGX_HTTP_TB_ITEM_PAD)
+		ngx_memcpy(p - NGX_HTTP_TB_ITEM_PAD, item->data + item->len - NGX_HTTP_TB_ITEM_PAD,
+			   NGX_HTTP_TB_ITEM_PAD);
+	else
+		ngx_memcpy(p - item->len, item->data, item->len);
 	p -= item->len;
-	ngx_memcpy(p, item->data, item->len);
 	if (ngx_http_tokenbucket_field(r, &policy, tcf->policy.data, tcf->policy.len) != NGX_OK)
 		return NGX_ERROR;
 	return ngx_http_tokenbucket_field(r, &ratelimit, p, end - p);
@@ -132,13 +133,16 @@ static ngx_int_t ngx_http_tokenbucket_headers(ngx_http_request_t *r,
 	ngx_int_t reset = ngx_http_tokenbucket_seconds(res->reset_after_ns);
 	ngx_int_t retry = ngx_http_tokenbucket_seconds(res->retry_after_ns);
 	/* One allocation for the values, each ending at its own slot's end. */
-	u_char *p = ngx_pnalloc(r->pool, 4 * NGX_INT64_LEN);
+	u_char *p = ngx_pnalloc(r->pool, 4 * NGX_INT64_LEN), *v;
 
 	if (p == NULL)
 		return NGX_ERROR;
 	if (tcf->headers == NGX_HTTP_TB_HEADERS_ON) {
-		if (ngx_http_tokenbucket_ratelimit(r, tcf, &l[i].item, res->remaining, reset) !=
-		    NGX_OK)
+		v = ngx_pnalloc(r->pool, NGX_HTTP_TB_VALUE_SIZE(l[i].item.len));
+		if (v == NULL ||
+		    ngx_http_tokenbucket_ratelimit(r, tcf, &l[i].item,
+						   v + NGX_HTTP_TB_VALUE_SIZE(l[i].item.len),
+						   res->remaining, reset) != NGX_OK)
 			return NGX_ERROR;
 	} else {
 		if (ngx_http_tokenbucket_header(r, &limit, p + NGX_INT64_LEN, res->limit) != NGX_OK ||
@@ -516,7 +520,10 @@ static ngx_inline ngx_int_t ngx_http_tokenbucket_unreported(ngx_http_request_t *
 			ctx->plain_refused = 1;
 			return 0;
 		}
-		if (ngx_http_tokenbucket_ratelimit(r, tcf, &l[i].item, remaining,
+		if (ngx_http_tokenbucket_ratelimit(r, tcf, &l[i].item,
+						   ctx->local + tcf->limits->nelts +
+							   NGX_HTTP_TB_VALUE_SIZE(l[i].item.len),
+						   remaining,
 						   reset == TOKENBUCKET_NEVER ? -1
 									     : (ngx_int_t)reset) != NGX_OK)
 			return NGX_ERROR;
@@ -706,18 +713,26 @@ ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	nrv = limits[n - 1].delay == 0 ? n - 1 : n;
 	size = sizeof(*ctx) + nrv * NGX_HTTP_TB_RATES_MAX * sizeof(*ctx->rv) +
 	       n * (sizeof(*ctx->keys) + sizeof(*ctx->costs) + sizeof(*ctx->local));
-	/* The ctx is the cleanup's data: one call allocates both. */
-	cln = ngx_pool_cleanup_add(r->main->pool, size);
+	/*
+	 * The ctx is the data of a cleanup of the main request's pool, with
+	 * the room for the last limit's RateLimit value (unreported writes
+	 * it): one allocation for all, where ngx_pool_cleanup_add makes two.
+	 */
+	cln = ngx_palloc(r->main->pool,
+			 sizeof(*cln) + size + NGX_HTTP_TB_VALUE_SIZE(limits[n - 1].item.len));
 	if (cln == NULL)
 		return NGX_HTTP_INTERNAL_SERVER_ERROR;
-	p = cln->data;
+	p = (u_char *)(cln + 1);
+	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
+	cln->data = p;
+	cln->next = r->main->pool->cleanup;
+	r->main->pool->cleanup = cln;
 	ngx_memzero(p, size);
 	ctx = (ngx_http_tokenbucket_ctx_t *)p;
 	ctx->rv = (struct tokenbucket_reservation *)(ctx + 1);
 	ctx->keys = (ngx_str_t *)(ctx->rv + nrv * NGX_HTTP_TB_RATES_MAX);
 	ctx->costs = (uint64_t *)(ctx->keys + n);
 	ctx->local = (u_char *)(ctx->costs + n);
-	cln->handler = ngx_http_tokenbucket_ctx_cleanup;
 	ngx_http_set_ctx(r->main, ctx, ngx_http_tokenbucket_module);
 	ctx->status = NGX_HTTP_TB_PASSED;
 

@@ -17,6 +17,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "span.h"
 #include "tokenbucket.h"
 
 typedef unsigned __int128 tb__u128;
@@ -171,8 +172,8 @@ int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j);
 int64_t tb__wait_of(const struct tb__view *v, int64_t at, uint64_t j, int64_t *act);
 /* Whole seconds in ns, rounded up; NEVER stays NEVER. */
 int64_t tb__seconds_up(int64_t ns);
-/* tb__wait_of in whole seconds, rounded up, exactly; NEVER as it. */
-int64_t tb__seconds_of(const struct tb__view *v, int64_t at, uint64_t j);
+/* tb__seconds_of the long way (tb__seconds_up of tb__wait_of), out of line. */
+int64_t tb__seconds_via_wait(const struct tb__view *v, int64_t at, uint64_t j);
 /* The fraction of a token produced at t beyond P(t), in [0, 1). */
 double tb__fraction(const struct tb__view *v, int64_t t);
 /* Nanoseconds needed for n tokens, rounded up; NEVER when not representable. */
@@ -209,8 +210,6 @@ void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst
  */
 /* Nanoseconds until a bucket at level is full again (burst): 0 if full, NEVER if never. */
 int64_t tb__reset_after(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level);
-/* tb__reset_after in whole seconds, rounded up, exactly (tb__seconds_of). */
-int64_t tb__reset_seconds(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level);
 int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res);
 /*
  * Folds member i's result into the result of a set decision (buckets or
@@ -337,6 +336,51 @@ static inline tb__u128 tb__whole(const struct tb__view *v, tb__u128 f)
 static inline tb__u128 tb__production(const struct tb__view *v, int64_t t)
 {
 	return tb__whole(v, tb__fine_at(v, t));
+}
+
+/* Whether tb__time_of can find a time: a finite rate producing from its origin. */
+static inline bool tb__timed(const struct tb__view *v)
+{
+	return v->kind == TB__FINITE && v->p != 0 && v->q != 0 && v->origin != TB__NO_TIME;
+}
+
+/* The fine units still to produce from "at" until j more tokens than P(at) are there. */
+static inline tb__u128 tb__need_of(const struct tb__view *v, int64_t at, uint64_t j)
+{
+	tb__u128 rem = at >= v->origin ? tb__mod(tb__fine_units(v, at), v->q) : 0;
+	return (tb__u128)j * v->q - rem;
+}
+
+/*
+ * tb__wait_of in whole seconds, rounded up, exactly; NEVER as it.  Inline:
+ * the report of a RateLimit header (tokenbucket_table_allow_reset) pays no
+ * call for it.
+ */
+static inline int64_t tb__seconds_of(const struct tb__view *v, int64_t at, uint64_t j)
+{
+	uint64_t per_s, far = tb__span(TOKENBUCKET_NEVER, at);
+	if (far > (uint64_t)TOKENBUCKET_NEVER)
+		far = (uint64_t)TOKENBUCKET_NEVER;
+	/*
+	 * ceil(ceil(need / p) / 10^9) = ceil(need / (p * 10^9)): one 64-bit
+	 * division when both fit.  need below far: the wait (at most need) is
+	 * not NEVER to tb__wait_of.
+	 */
+	if (tb__timed(v) && !__builtin_mul_overflow(v->p, (uint64_t)1000000000u, &per_s)) {
+		tb__u128 need = tb__need_of(v, at, j);
+		if (need < far) {
+			uint64_t whole = (uint64_t)need / per_s;
+			return (int64_t)(whole + ((uint64_t)need % per_s != 0));
+		}
+	}
+	return tb__seconds_via_wait(v, at, j);
+}
+
+/* tb__reset_after in whole seconds, rounded up, exactly (tb__seconds_of). */
+static inline int64_t tb__reset_seconds(const struct tb__view *v, int64_t at, uint64_t burst,
+					int64_t level)
+{
+	return level >= (int64_t)burst ? 0 : tb__seconds_of(v, at, burst - (uint64_t)level);
 }
 
 /*

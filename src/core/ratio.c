@@ -148,24 +148,11 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
 	return TB__FINITE;
 }
 
-/* Whether tb__time_of can find a time: a finite rate producing from its origin. */
-static inline bool timed(const struct tb__view *v)
-{
-	return v->kind == TB__FINITE && v->p != 0 && v->q != 0 && v->origin != TB__NO_TIME;
-}
-
-/* The fine units still to produce from "at" until j more tokens than P(at) are there. */
-static inline u128 need_of(const struct tb__view *v, int64_t at, uint64_t j)
-{
-	u128 rem = at >= v->origin ? tb__mod(fine_units(v, at), v->q) : 0;
-	return (u128)j * v->q - rem;
-}
-
 int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j)
 {
-	if (!timed(v))
+	if (!tb__timed(v))
 		return TOKENBUCKET_NEVER;
-	u128 need = need_of(v, at, j);
+	u128 need = tb__need_of(v, at, j);
 	u128 wait = tb__div(need + v->p - 1, v->p);
 	if (wait >= (u128)tb__span(TOKENBUCKET_NEVER, at))
 		return TOKENBUCKET_NEVER;
@@ -188,32 +175,12 @@ int64_t tb__seconds_up(int64_t ns)
 				       : (int64_t)(((uint64_t)ns + 999999999u) / 1000000000u);
 }
 
-/* tb__seconds_of the long way, out of line: its fast path then saves no register. */
-static __attribute__((noinline)) int64_t seconds_via_wait(const struct tb__view *v, int64_t at,
-							   uint64_t j)
+/* Out of line: tb__seconds_of's fast path then saves no register. */
+__attribute__((noinline)) int64_t tb__seconds_via_wait(const struct tb__view *v, int64_t at,
+							uint64_t j)
 {
 	int64_t act;
 	return tb__seconds_up(tb__wait_of(v, at, j, &act));
-}
-
-int64_t tb__seconds_of(const struct tb__view *v, int64_t at, uint64_t j)
-{
-	uint64_t per_s, far = tb__span(TOKENBUCKET_NEVER, at);
-	if (far > (uint64_t)TOKENBUCKET_NEVER)
-		far = (uint64_t)TOKENBUCKET_NEVER;
-	/*
-	 * ceil(ceil(need / p) / 10^9) = ceil(need / (p * 10^9)): one 64-bit
-	 * division when both fit.  need below far: the wait (at most need) is
-	 * not NEVER to tb__wait_of.
-	 */
-	if (timed(v) && !__builtin_mul_overflow(v->p, (uint64_t)1000000000u, &per_s)) {
-		u128 need = need_of(v, at, j);
-		if (need < far) {
-			uint64_t whole = (uint64_t)need / per_s;
-			return (int64_t)(whole + ((uint64_t)need % per_s != 0));
-		}
-	}
-	return seconds_via_wait(v, at, j);
 }
 
 double tb__fraction(const struct tb__view *v, int64_t t)

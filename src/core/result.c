@@ -37,11 +37,6 @@ int64_t tb__reset_after(const struct tb__view *v, int64_t at, uint64_t burst, in
 	return level >= (int64_t)burst ? 0 : until(v, at, burst - (uint64_t)level);
 }
 
-int64_t tb__reset_seconds(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level)
-{
-	return level >= (int64_t)burst ? 0 : tb__seconds_of(v, at, burst - (uint64_t)level);
-}
-
 int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res)
 {
 	uint64_t burst = atomic_load_explicit(&tb->burst, memory_order_relaxed);

@@ -321,8 +321,12 @@ zones)
 	write_conf "
 	tokenbucket_zone zone=perkey keys=1024 rate=1r/min burst=3;
 	tokenbucket_zone zone=all keys=16 rate=1r/min burst=4;
-	tokenbucket_zone zone=hd keys=64 rate=6r/min burst=2;" "
+	tokenbucket_zone zone=hd keys=64 rate=6r/min burst=2;
+	tokenbucket_zone zone=twenty_seven_characters_abc keys=16 rate=6r/min burst=2;
+	tokenbucket_zone zone=a_zone_whose_quoted_name_passes_the_pad keys=16 rate=6r/min burst=2;" "
 		tokenbucket_headers off;
+		location /edge/ { tokenbucket zone=twenty_seven_characters_abc key=\$http_x_key; tokenbucket_headers on; }
+		location /long/ { tokenbucket zone=a_zone_whose_quoted_name_passes_the_pad key=\$http_x_key; tokenbucket_headers on; }
 		location /both/ {
 			tokenbucket zone=perkey key=\$http_x_key;
 			tokenbucket zone=all key=all;
@@ -354,6 +358,14 @@ zones)
 	t=$(sed -n 's/^RateLimit: "hd";r=0;t=\([0-9]*\)\r$/\1/p' <<<"$hdrs")
 	check "draft: the refusal's reset $t is Retry-After + (0, 10] s" \
 		test "${t:-0}" -gt "$retry" -a "${t:-0}" -le $((retry + 10))
+	# The zone's quoted name is copied as a fixed 32 bytes when it fits
+	# them ("NAME";r= of 32 bytes here), else as it is.
+	for lz in edge:twenty_seven_characters_abc long:a_zone_whose_quoted_name_passes_the_pad; do
+		z=${lz#*:}
+		hdrs=$(response "/${lz%%:*}/" z4)
+		check "draft: the whole name $z, 1 left" \
+			grep -qE $'^RateLimit: "'"$z"$'";r=1;t=([1-9]|10)\r$' <<<"$hdrs"
+	done
 	hdrs=$(response /legacy/ z2)
 	check "legacy: RateLimit-Limit 2" grep -q $'^RateLimit-Limit: 2\r$' <<<"$hdrs"
 	check "legacy: RateLimit-Remaining 1" grep -q $'^RateLimit-Remaining: 1\r$' <<<"$hdrs"
