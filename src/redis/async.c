@@ -544,11 +544,20 @@ static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_red
 	return 0;
 }
 
+int tbr__async_start_call(struct tokenbucket_redis_async *a, const struct tokenbucket_redis_call *call,
+			  tokenbucket_redis_done_fn *done, void *arg)
+{
+	if ((unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
+		return -EINVAL;
+	return start(a, call, NULL, 0, done, NULL, arg);
+}
+
 int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 				  const struct tokenbucket_redis_call *call,
 				  tokenbucket_redis_done_fn *done, void *arg)
 {
-	if (a == NULL || call == NULL || done == NULL || (unsigned)call->op > TOKENBUCKET_REDIS_REFUND)
+	if (a == NULL || call == NULL || done == NULL || (unsigned)call->op > TOKENBUCKET_REDIS_REFUND ||
+	    (call->flags & TBR__LEASE))
 		return -EINVAL;
 	return start(a, call, NULL, 0, done, NULL, arg);
 }

@@ -224,7 +224,7 @@ static int start(struct tbr__bridge *b, struct breq *q)
 {
 	const struct tokenbucket_redis_call *c = q->call;
 	if (c->op != TBR__OP_ALLOW_ALL)
-		return tokenbucket_redis_async_start(b->a, c, answered, q);
+		return tbr__async_start_call(b->a, c, answered, q);
 	const struct tbr__call_all *all = tbr__call_all_of(c);
 	return (c->flags & TOKENBUCKET_REDIS_AT)
 		? tokenbucket_redis_async_allow_all_at(b->a, c->key, c->keylen, all->limits,
