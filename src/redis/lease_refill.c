@@ -119,34 +119,26 @@ static uint64_t withdraw(struct tokenbucket_redis_lease *l, uint64_t x)
 }
 
 /*
- * The chunks brought up to date at now (rmu held).  What the lease still
- * can grant (held, overflow, credited to queued reservations) is counted
- * against the chunks, the rest as spent from the earliest ones first; a
- * chunk past its deadline then goes, and what it still had is forfeited:
- * from overflow, then local, then queued reservations, the latest first.
- * So what the lease can grant never exceeds what its live chunks had left
- * (docs/leases.md, "Safety").
+ * The chunks brought up to date at now (rmu held): those past their
+ * deadline go, and if the lease could then grant more than the live ones
+ * count (what the server still counts as leased), the excess is
+ * forfeited.  So what the lease can grant never exceeds what its live
+ * groups hold in the shared bucket (docs/leases.md, "Safety"); which
+ * chunk a spent token came from does not matter.
  */
 void tbr__lease_settle(struct tokenbucket_redis_lease *l, int64_t now)
 {
-	uint64_t can = l->overflow + tbr__lease_held(l) + l->assigned, left = 0;
-	for (int i = 0; i < l->nchunks; i++)
-		left += l->chunks[i].left;
-	uint64_t spent = left > can ? left - can : 0;
+	uint64_t can = l->overflow + tbr__lease_held(l) + l->assigned, live = 0;
 	int k = 0;
-	left = 0;
 	for (int i = 0; i < l->nchunks; i++) {
-		struct chunk c = l->chunks[i];
-		uint64_t s = spent < c.left ? spent : c.left;
-		c.left -= s, spent -= s;
-		if (c.left > 0 && c.deadline > now) {
-			l->chunks[k++] = c;
-			left += c.left;
+		if (l->chunks[i].count > 0 && l->chunks[i].deadline > now) {
+			l->chunks[k++] = l->chunks[i];
+			live += l->chunks[i].count;
 		}
 	}
 	l->nchunks = k;
-	if (can > left)
-		withdraw(l, can - left);
+	if (can > live)
+		withdraw(l, can - live);
 	atomic_store_explicit(&l->next_deadline, k > 0 ? l->chunks[0].deadline : INT64_MAX,
 			      memory_order_release);
 }
@@ -180,7 +172,7 @@ static void add_chunk(struct tokenbucket_redis_lease *l, uint64_t x, int64_t gro
 	tbr__lease_settle(l, now);
 	for (int i = 0; i < l->nchunks; i++) {
 		if (l->chunks[i].group == group) {
-			l->chunks[i].left += x;
+			l->chunks[i].count += x;
 			if (deadline < l->chunks[i].deadline)
 				l->chunks[i].deadline = deadline; /* the earlier: still sorted */
 			goto placed;
@@ -196,7 +188,7 @@ static void add_chunk(struct tokenbucket_redis_lease *l, uint64_t x, int64_t gro
 		l->chunks[i] = l->chunks[i - 1];
 		i--;
 	}
-	l->chunks[i] = (struct chunk){ .left = x, .deadline = deadline, .group = group };
+	l->chunks[i] = (struct chunk){ .count = x, .deadline = deadline, .group = group };
 placed:
 	atomic_store_explicit(&l->next_deadline, l->chunks[0].deadline, memory_order_release);
 }
@@ -226,29 +218,39 @@ uint64_t tbr__lease_collect(struct tokenbucket_redis_lease *l, bool all)
 }
 
 /*
- * What the chunks due by now (a quarter window before their deadline)
- * still have, taken from the lease to go back before it expires (so that
- * an idle lease loses nothing), each piece naming its group; the count of
- * pieces.  *next: when the next chunk falls due (INT64_MAX: none).
+ * What must go back before the chunks due by now (half a window before
+ * their deadline) expire: what the lease can grant beyond what the other
+ * chunks count, each piece naming a due chunk's group, the earliest first
+ * (so that an idle lease loses nothing to expiry).  Taken from the lease;
+ * the count of pieces.  *next: when the next chunk falls due (INT64_MAX:
+ * none).
  */
 size_t tbr__lease_collect_due(struct tokenbucket_redis_lease *l, int64_t now,
 			      struct give out[LEASE_CHUNKS], int64_t *next)
 {
-	int64_t guard = l->window_ns / 4;
+	int64_t guard = l->window_ns / 2;
 	size_t k = 0;
 	pthread_mutex_lock(&l->rmu);
 	tbr__lease_settle(l, now);
 	*next = INT64_MAX;
+	int due = 0;
+	uint64_t rest = 0;
 	for (int i = 0; i < l->nchunks; i++) {
+		if (l->chunks[i].deadline - guard <= now)
+			due = i + 1;
+		else
+			rest += l->chunks[i].count;
+	}
+	if (due < l->nchunks)
+		*next = l->chunks[due].deadline - guard;
+	uint64_t can = l->overflow + tbr__lease_held(l) + l->assigned;
+	uint64_t excess = can > rest ? can - rest : 0;
+	for (int i = 0; i < due && excess > 0; i++) {
 		struct chunk *c = &l->chunks[i];
-		if (c->deadline - guard > now) {
-			*next = c->deadline - guard;
-			break;
-		}
-		uint64_t t = withdraw(l, c->left);
+		uint64_t t = withdraw(l, c->count < excess ? c->count : excess);
 		if (t > 0)
 			out[k++] = (struct give){ .group = c->group, .n = t };
-		c->left -= t;
+		c->count -= t, excess -= t;
 	}
 	tbr__lease_settle(l, now);
 	bool more = l->missing > 0;
@@ -259,10 +261,8 @@ size_t tbr__lease_collect_due(struct tokenbucket_redis_lease *l, int64_t now,
 }
 
 /*
- * tbr__lease_collect, each token named by its chunk's group (the latest
- * chunks hold what is unspent, as settle counts), into out; the count of
- * pieces.  What no live chunk had left is forfeited, not given back: it
- * is usable by no one already.
+ * tbr__lease_collect, each token named by a live chunk's group (settle
+ * keeps them enough), into out; the count of pieces.
  */
 size_t tbr__lease_collect_groups(struct tokenbucket_redis_lease *l, bool all,
 				 struct give out[LEASE_CHUNKS])
@@ -273,12 +273,12 @@ size_t tbr__lease_collect_groups(struct tokenbucket_redis_lease *l, bool all,
 	uint64_t total = tbr__lease_collect(l, all);
 	pthread_mutex_lock(&l->rmu);
 	size_t k = 0;
-	for (int i = l->nchunks - 1; i >= 0 && total > 0; i--) {
+	for (int i = 0; i < l->nchunks && total > 0; i++) {
 		struct chunk *c = &l->chunks[i];
-		uint64_t t = c->left < total ? c->left : total;
+		uint64_t t = c->count < total ? c->count : total;
 		if (t > 0)
 			out[k++] = (struct give){ .group = c->group, .n = t };
-		c->left -= t, total -= t;
+		c->count -= t, total -= t;
 	}
 	tbr__lease_settle(l, tbr__lease_mono_ns());
 	pthread_mutex_unlock(&l->rmu);

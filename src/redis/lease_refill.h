@@ -30,7 +30,7 @@
  * the request was sent, so never after the server's expiry of the group.
  */
 struct chunk {
-	uint64_t left;    /* not yet counted as spent */
+	uint64_t count;   /* the group's count as the server keeps it, of this lease's */
 	int64_t deadline; /* mono_ns */
 	int64_t group;    /* the group's expiry on the server's clock: its name */
 };
