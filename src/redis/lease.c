@@ -117,13 +117,13 @@ static void refill(struct tokenbucket_redis_lease *l)
 		return;
 	struct tokenbucket_result res;
 	int err = tbr__lease_call(l->r, l->key, l->keylen, &l->lim, TOKENBUCKET_REDIS_ALLOW, want,
-				  l->window_ns, &res);
+				  l->life_ns, &res);
 	bool contended = err == 0 && tbr__lease_contended_by(&res, want);
 	if (err == 0 && !res.allowed && res.remaining > 0) {
 		/* Fewer than a chunk there: take what is, in a second try. */
 		want = res.remaining < want ? res.remaining : want;
 		err = tbr__lease_call(l->r, l->key, l->keylen, &l->lim, TOKENBUCKET_REDIS_ALLOW, want,
-				      l->window_ns, &res);
+				      l->life_ns, &res);
 	}
 	int64_t t1 = tbr__lease_mono_ns();
 	if (tbr__lease_refill_landed(l, err, &res, want, t0, t1, contended) != 0) {

@@ -61,10 +61,10 @@ int tbr__lease_give_back_async(struct tokenbucket_redis_lease *l, bool all)
 void tbr__lease_async_schedule(struct tokenbucket_redis_lease *l)
 {
 	int64_t due = l->quiet_at;
-	/* a chunk due: half a window before its deadline (tbr__lease_collect_due) */
+	/* a chunk due: an eighth of a window before its deadline (tbr__lease_collect_due) */
 	int64_t d = atomic_load_explicit(&l->next_deadline, memory_order_acquire);
-	if (d != INT64_MAX && d - l->window_ns / 2 < due)
-		due = d - l->window_ns / 2;
+	if (d != INT64_MAX && d - l->life_ns / 8 < due)
+		due = d - l->life_ns / 8;
 	if (atomic_load_explicit(&l->wanted, memory_order_relaxed) && !l->inflight &&
 	    l->next_refill < due)
 		due = l->next_refill; /* in the past: as soon as the loop can */
@@ -83,7 +83,7 @@ static int refill_start(struct tokenbucket_redis_lease *l, uint64_t want, bool s
 					    .keylen = l->keylen,
 					    .limit = l->lim,
 					    .n = want,
-					    .arg = l->window_ns };
+					    .arg = l->life_ns };
 	int err = tbr__async_start_call(l->a, &c, on_refill, l);
 	if (err == 0) {
 		l->inflight = true;

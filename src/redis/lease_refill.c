@@ -218,7 +218,7 @@ uint64_t tbr__lease_collect(struct tokenbucket_redis_lease *l, bool all)
 }
 
 /*
- * What must go back before the chunks due by now (half a window before
+ * What must go back before the chunks due by now (an eighth of a window before
  * their deadline) expire: what the lease can grant beyond what the other
  * chunks count, each piece naming a due chunk's group, the earliest first
  * (so that an idle lease loses nothing to expiry).  Taken from the lease;
@@ -228,7 +228,7 @@ uint64_t tbr__lease_collect(struct tokenbucket_redis_lease *l, bool all)
 size_t tbr__lease_collect_due(struct tokenbucket_redis_lease *l, int64_t now,
 			      struct give out[LEASE_CHUNKS], int64_t *next)
 {
-	int64_t guard = l->window_ns / 2;
+	int64_t guard = l->life_ns / 8;
 	size_t k = 0;
 	pthread_mutex_lock(&l->rmu);
 	tbr__lease_settle(l, now);
@@ -490,6 +490,8 @@ int tbr__lease_new(struct tokenbucket_redis_lease **lp, const void *key, size_t 
 	l->floor = cap / 64 > 0 ? cap / 64 : 1;
 	l->chunk = l->floor;
 	l->window_ns = window_ns;
+	/* A chunk's group lives a window (docs/leases.md, "Cost"). */
+	l->life_ns = window_ns;
 	l->coarse_step = coarse_step();
 	atomic_init(&l->next_deadline, INT64_MAX);
 	l->rng = ((uint64_t)(uintptr_t)l ^ (uint64_t)tbr__lease_mono_ns()) | 1;
