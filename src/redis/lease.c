@@ -4,11 +4,13 @@
  * chunk at a time and spent from a local core bucket.
  *
  * The local bucket has rate 0, so only tokenbucket_refund() adds to it and
- * time means nothing to it (every call passes the time 0, reading no
- * clock).  Only the lease's thread adds tokens, and it adds only what it
- * took from Redis; callers only take.  So the tokens granted locally never
- * exceed those taken from the shared bucket less those given back, which
- * is the whole safety argument.
+ * time means nothing to it (every call passes the time 0).  Only the
+ * lease's thread adds tokens, and it adds only what it took from Redis;
+ * callers only take.  Each take went into a lease group of the shared
+ * bucket, which counts it as held until the group expires; the lease
+ * uses it only until then (the chunks of lease_refill.c, checked before
+ * every take), so what it can grant is always within what the shared
+ * bucket counts as held (docs/leases.md, "Safety").
  *
  * Reservations queue for tokens the lease does not hold yet.  Every token
  * that lands (a refill, a cancelled reservation's covered part, held-over
