@@ -61,10 +61,10 @@ int tbr__lease_give_back_async(struct tokenbucket_redis_lease *l, bool all)
 void tbr__lease_async_schedule(struct tokenbucket_redis_lease *l)
 {
 	int64_t due = l->quiet_at;
-	/* a chunk due: an eighth of a window before its deadline (tbr__lease_collect_due) */
+	/* a chunk due: a quarter of its life before its deadline (tbr__lease_collect_due) */
 	int64_t d = atomic_load_explicit(&l->next_deadline, memory_order_acquire);
-	if (d != INT64_MAX && d - l->life_ns / 8 < due)
-		due = d - l->life_ns / 8;
+	if (d != INT64_MAX && d - l->life_ns / 4 < due)
+		due = d - l->life_ns / 4;
 	if (atomic_load_explicit(&l->wanted, memory_order_relaxed) && !l->inflight &&
 	    l->next_refill < due)
 		due = l->next_refill; /* in the past: as soon as the loop can */

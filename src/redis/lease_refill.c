@@ -218,7 +218,7 @@ uint64_t tbr__lease_collect(struct tokenbucket_redis_lease *l, bool all)
 }
 
 /*
- * What must go back before the chunks due by now (an eighth of a window before
+ * What must go back before the chunks due by now (a quarter of their life before
  * their deadline) expire: what the lease can grant beyond what the other
  * chunks count, each piece naming a due chunk's group, the earliest first
  * (so that an idle lease loses nothing to expiry).  Taken from the lease;
@@ -228,7 +228,7 @@ uint64_t tbr__lease_collect(struct tokenbucket_redis_lease *l, bool all)
 size_t tbr__lease_collect_due(struct tokenbucket_redis_lease *l, int64_t now,
 			      struct give out[LEASE_CHUNKS], int64_t *next)
 {
-	int64_t guard = l->life_ns / 8;
+	int64_t guard = l->life_ns / 4;
 	size_t k = 0;
 	pthread_mutex_lock(&l->rmu);
 	tbr__lease_settle(l, now);
@@ -490,8 +490,21 @@ int tbr__lease_new(struct tokenbucket_redis_lease **lp, const void *key, size_t 
 	l->floor = cap / 64 > 0 ? cap / 64 : 1;
 	l->chunk = l->floor;
 	l->window_ns = window_ns;
-	/* A chunk's group lives a window (docs/leases.md, "Cost"). */
-	l->life_ns = window_ns;
+	/* A chunk's group lives four windows, time to spend a chunk sized to
+	 * a window's demand with room to spare, but at most burst / (2 rate):
+	 * spent tokens count against the shared bucket until their group
+	 * expires, and so the leases' spending at the full rate holds at most
+	 * half the burst (docs/leases.md, "The cost"). */
+	l->life_ns = window_ns <= LEASE_WINDOW_MAX / 4 ? 4 * window_ns : window_ns;
+	/* At rate 0 nothing refills the headroom anyway: a chunk lives long. */
+	if (lim->tokens == 0)
+		l->life_ns = LEASE_WINDOW_MAX;
+	if (lim->tokens > 0) {
+		long double h = (long double)lim->burst * (long double)lim->period_ns /
+				(2 * (long double)lim->tokens);
+		if (h < (long double)l->life_ns)
+			l->life_ns = h >= 1 ? (int64_t)h : 1;
+	}
 	l->coarse_step = coarse_step();
 	atomic_init(&l->next_deadline, INT64_MAX);
 	l->rng = ((uint64_t)(uintptr_t)l ^ (uint64_t)tbr__lease_mono_ns()) | 1;

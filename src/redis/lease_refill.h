@@ -59,7 +59,7 @@ struct tokenbucket_redis_lease {
 	uint64_t cap;              /* the most one round trip takes */
 	uint64_t floor;            /* the least one asks for */
 	int64_t window_ns;
-	int64_t life_ns;           /* a chunk's group's, asked of the server: at most the window */
+	int64_t life_ns;           /* a chunk's group's, asked of the server */
 
 	pthread_t thread;
 	pthread_mutex_t mu;
