@@ -344,8 +344,8 @@ static int reserve(struct tokenbucket_redis_lease *l, uint64_t n, int64_t max_wa
 		return -ETIMEDOUT;
 	int64_t now = tokenbucket_now();
 	atomic_store_explicit(&l->busy, true, memory_order_relaxed);
+	tbr__lease_expire_due(l);
 	pthread_mutex_lock(&l->rmu);
-	tbr__lease_settle(l, tbr__lease_mono_ns());
 	/* Nobody queued: the tokens held serve at once, as an allow would. */
 	if (l->missing == 0 && (n == 0 || tokenbucket_allow_at(l->local, 0, n))) {
 		pthread_mutex_unlock(&l->rmu);
