@@ -520,6 +520,8 @@ START_TEST(test_module_hostile)
 		{ "tokens", "5", "7", "3", "9", "0", "0" },
 		{ "reset", "1000", "1", "1", "3", "2", "0" },
 		{ "refund", "1000", "1", "1", "3", "2", "0" },
+		{ "lease", "1000", "1", "1", "3", "1", "500" },
+		{ "giveback", "1000", "1", "1", "3", "1", "1500" },
 	};
 	redisContext *c = server_admin(&srv);
 	uint64_t rng = 0x4057113u;
@@ -539,10 +541,15 @@ START_TEST(test_module_hostile)
 			static const char *const f[] = { "0", "1", "2", "3", "-0", "-1", "-2", "007",
 							 "4", "00", "1000", "-1000" };
 			size_t nf = sizeof(f) / sizeof(f[0]);
-			int w = snprintf(v, sizeof(v), "tb1 %s %s %s %s %s %s",
+			bool leased = i % 4 == 0;
+			int w = snprintf(v, sizeof(v), "%s %s %s %s %s %s %s", leased ? "tbl1" : "tb1",
 					 f[seq_rand(&rng) % nf], f[seq_rand(&rng) % nf],
 					 f[seq_rand(&rng) % 4], f[seq_rand(&rng) % 4],
 					 f[seq_rand(&rng) % 5], f[seq_rand(&rng) % nf]);
+			/* lease groups: 0 to 5 of them, expiries around the clock */
+			for (uint64_t g = leased ? seq_rand(&rng) % 6 : 0; g > 0 && w < 40; g--)
+				w += snprintf(v + w, sizeof(v) - (size_t)w, " %s %s",
+					      f[seq_rand(&rng) % nf], f[seq_rand(&rng) % 5]);
 			len = (size_t)w;
 		} else {
 			/* "tb1 " then random fields, sometimes a random byte. */
@@ -553,7 +560,7 @@ START_TEST(test_module_hostile)
 				v[j] = x % 50 == 0 ? (char)(x >> 8) : alphabet[x % (sizeof(alphabet) - 1)];
 			}
 		}
-		const char *const *a = args[i % 5];
+		const char *const *a = args[i % 8];
 		for (int m = 0; m < 2; m++) {
 			redisReply *r = redisCommand(c, "SET %s %b", m ? "hm" : "hs", v, len);
 			freeReplyObject(r);
