@@ -490,12 +490,12 @@ int tbr__lease_new(struct tokenbucket_redis_lease **lp, const void *key, size_t 
 	l->floor = cap / 64 > 0 ? cap / 64 : 1;
 	l->chunk = l->floor;
 	l->window_ns = window_ns;
-	/* A chunk's group lives four windows, time to spend a chunk sized to
+	/* A chunk's group lives eight windows, time to spend a chunk sized to
 	 * a window's demand with room to spare, but at most burst / (2 rate):
 	 * spent tokens count against the shared bucket until their group
 	 * expires, and so the leases' spending at the full rate holds at most
 	 * half the burst (docs/leases.md, "The cost"). */
-	l->life_ns = window_ns <= LEASE_WINDOW_MAX / 4 ? 4 * window_ns : window_ns;
+	l->life_ns = window_ns <= LEASE_WINDOW_MAX / 8 ? 8 * window_ns : window_ns;
 	/* At rate 0 nothing refills the headroom anyway: a chunk lives long. */
 	if (lim->tokens == 0)
 		l->life_ns = LEASE_WINDOW_MAX;
