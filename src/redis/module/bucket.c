@@ -355,10 +355,9 @@ static void drop_empty(struct bucket *b)
  */
 static int64_t lease_take(struct bucket *b, uint64_t n, int64_t window)
 {
-	int64_t half = b->clock + window / 2; /* window <= 2^53: no overflow but at the top */
+	/* Past INT64_MAX, as the script's tadd: the last time, INT64_MAX - 1. */
+	int64_t half = b->clock < INT64_MAX - window / 2 ? b->clock + window / 2 : INT64_MAX - 1;
 	int64_t end = b->clock < INT64_MAX - window ? b->clock + window : INT64_MAX - 1;
-	if (b->clock >= INT64_MAX - window / 2)
-		half = INT64_MAX - 1;
 	if (b->ng == 0 || (b->ge[b->ng - 1] < half && b->ng < GROUPS)) {
 		b->ge[b->ng] = end, b->gc[b->ng] = 0;
 		b->ng++;
