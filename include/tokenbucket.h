@@ -516,6 +516,20 @@ TOKENBUCKET_API int tokenbucket_table_allow_result_at(struct tokenbucket_table *
 						      const void *key, size_t len, uint64_t n,
 						      struct tokenbucket_result *res);
 /*
+ * The decision of tokenbucket_table_allow_result_at, reporting only what a
+ * RateLimit header shows, for less work: 1 allowed, 0 refused, or its
+ * errors (-EINVAL also for remaining or reset_s NULL).  *remaining is
+ * res.remaining; *reset_s is res.reset_after_ns in whole seconds rounded
+ * up (0 when the key is full, TOKENBUCKET_NEVER never), exactly.  Since
+ * 1.2.0.
+ */
+TOKENBUCKET_API int tokenbucket_table_allow_reset(struct tokenbucket_table *t, const void *key,
+						  size_t len, uint64_t n, uint64_t *remaining,
+						  int64_t *reset_s);
+TOKENBUCKET_API int tokenbucket_table_allow_reset_at(struct tokenbucket_table *t, int64_t now,
+						     const void *key, size_t len, uint64_t n,
+						     uint64_t *remaining, int64_t *reset_s);
+/*
  * As tokenbucket_reserve_at on the key's bucket.  -EINVAL: t or r NULL, key
  * NULL with len > 0.  -E2BIG, -ETIMEDOUT as tokenbucket_reserve_at.
  * -EOVERFLOW: the key would owe more than TOKENBUCKET_TABLE_DEBT_MAX.

@@ -24,6 +24,11 @@
 #define NGX_HTTP_TB_DELAYED_DRY_RUN 4
 #define NGX_HTTP_TB_REJECTED_DRY_RUN 5
 
+/* tokenbucket_headers: none, the draft's RateLimit and RateLimit-Policy, the older three. */
+#define NGX_HTTP_TB_HEADERS_OFF 0
+#define NGX_HTTP_TB_HEADERS_ON 1
+#define NGX_HTTP_TB_HEADERS_LEGACY 2
+
 /* Room the slab pool takes besides the table: its header and page table. */
 #define NGX_HTTP_TB_SLAB_PAGES 8
 
@@ -114,6 +119,7 @@ typedef struct {
 	ngx_int_t key_index;            /* a key of one variable: its index; else NGX_ERROR */
 	ngx_http_complex_value_t *cost; /* NULL: one token a request */
 	ngx_msec_t delay;               /* the longest wait; 0 refuses at once */
+	ngx_str_t item;                 /* "NAME";r= : the RateLimit field this limit reports */
 } ngx_http_tokenbucket_limit_t;
 
 typedef struct {
@@ -121,7 +127,8 @@ typedef struct {
 	ngx_uint_t status;
 	ngx_uint_t log_level;
 	ngx_flag_t dry_run;
-	ngx_flag_t headers;
+	ngx_uint_t headers; /* NGX_HTTP_TB_HEADERS_* */
+	ngx_str_t policy;   /* RateLimit-Policy's value, fixed per location */
 } ngx_http_tokenbucket_conf_t;
 
 typedef struct ngx_http_tokenbucket_pending_s ngx_http_tokenbucket_pending_t;
@@ -152,6 +159,7 @@ typedef struct {
 	unsigned have_best:1;
 	unsigned plain_refused:1; /* unreported's plain decision refused: not asked again */
 	ngx_uint_t lazy;      /* 1 + the limit granted without a report, or 0 */
+	ngx_uint_t best_limit; /* the limit best reports */
 	ngx_uint_t next;
 	int64_t now;          /* tokenbucket_now() when the request came */
 	int64_t until;        /* tokenbucket_now() time the longest delay ends */

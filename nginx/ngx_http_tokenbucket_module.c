@@ -12,7 +12,7 @@
  *                    [lease=WINDOW [lease_share=F] [lease_hot=N] [lease_keys=N]];
  *   tokenbucket zone=NAME key=VALUE [cost=VALUE] [delay=TIME];
  *   tokenbucket_status CODE;  tokenbucket_dry_run on|off;
- *   tokenbucket_headers on|off;  tokenbucket_log_level LEVEL;
+ *   tokenbucket_headers on|off|legacy;  tokenbucket_log_level LEVEL;
  *
  * A local zone's table is placed once in the zone's slab pool by the
  * master; every worker uses it lock-free (nginx's zone mutex is never taken
@@ -59,6 +59,12 @@ static ngx_conf_enum_t ngx_http_tokenbucket_log_levels[] = {
 	{ ngx_null_string, 0 },
 };
 
+static ngx_conf_enum_t ngx_http_tokenbucket_header_forms[] = {
+	{ ngx_string("off"), NGX_HTTP_TB_HEADERS_OFF },
+	{ ngx_string("on"), NGX_HTTP_TB_HEADERS_ON },
+	{ ngx_string("legacy"), NGX_HTTP_TB_HEADERS_LEGACY },
+	{ ngx_null_string, 0 },
+};
 
 static ngx_command_t ngx_http_tokenbucket_commands[] = {
 	{ ngx_string("tokenbucket_zone"), NGX_HTTP_MAIN_CONF | NGX_CONF_2MORE,
@@ -78,9 +84,9 @@ static ngx_command_t ngx_http_tokenbucket_commands[] = {
 	  ngx_conf_set_flag_slot, NGX_HTTP_LOC_CONF_OFFSET,
 	  offsetof(ngx_http_tokenbucket_conf_t, dry_run), NULL },
 	{ ngx_string("tokenbucket_headers"),
-	  NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF | NGX_CONF_FLAG,
-	  ngx_conf_set_flag_slot, NGX_HTTP_LOC_CONF_OFFSET,
-	  offsetof(ngx_http_tokenbucket_conf_t, headers), NULL },
+	  NGX_HTTP_MAIN_CONF | NGX_HTTP_SRV_CONF | NGX_HTTP_LOC_CONF | NGX_CONF_TAKE1,
+	  ngx_conf_set_enum_slot, NGX_HTTP_LOC_CONF_OFFSET,
+	  offsetof(ngx_http_tokenbucket_conf_t, headers), &ngx_http_tokenbucket_header_forms },
 	ngx_null_command
 };
 
@@ -239,6 +245,71 @@ static char *ngx_http_tokenbucket_status(ngx_conf_t *cf, ngx_command_t *cmd, voi
 	return NGX_CONF_OK;
 }
 
+/* NAME as a structured field's string: in quotes, '"' and '\\' escaped. */
+static u_char *ngx_http_tokenbucket_sf_string(u_char *p, ngx_str_t *name)
+{
+	*p++ = '"';
+	for (size_t i = 0; i < name->len; i++) {
+		if (name->data[i] == '"' || name->data[i] == '\\')
+			*p++ = '\\';
+		*p++ = name->data[i];
+	}
+	*p++ = '"';
+	return p;
+}
+
+/*
+ * The draft's fields, made once here: each limit's start of RateLimit
+ * ("NAME";r=), and RateLimit-Policy, one item a limit: "NAME";q=BURST;w=W,
+ * W the whole seconds (rounded up, at least 1) its first rate takes to
+ * refill the burst from empty; no w for a rate of 0.
+ */
+static ngx_int_t ngx_http_tokenbucket_policy(ngx_conf_t *cf, ngx_http_tokenbucket_conf_t *conf)
+{
+	ngx_http_tokenbucket_limit_t *l = conf->limits->elts;
+	ngx_http_tokenbucket_zone_t *z;
+	ngx_uint_t i, n = conf->limits->nelts;
+	size_t size = 0;
+	u_char *p;
+
+	for (i = 0; i < n; i++)
+		size += 2 * ((ngx_http_tokenbucket_zone_t *)l[i].shm_zone->data)->name.len + 2 +
+			sizeof(";q=;w=, ") - 1 + 2 * NGX_INT64_LEN;
+	p = ngx_pnalloc(cf->pool, size);
+	if (p == NULL)
+		return NGX_ERROR;
+	conf->policy.data = p;
+	for (i = 0; i < n; i++) {
+		z = l[i].shm_zone->data;
+		if (l[i].item.data == NULL) {
+			/* Limits a location shares with its parent are made once. */
+			l[i].item.data = ngx_pnalloc(cf->pool, 2 * z->name.len + 2 + 3);
+			if (l[i].item.data == NULL)
+				return NGX_ERROR;
+			l[i].item.len = ngx_cpymem(ngx_http_tokenbucket_sf_string(l[i].item.data,
+										  &z->name),
+						   ";r=", 3) -
+					l[i].item.data;
+		}
+		if (i > 0)
+			p = ngx_cpymem(p, ", ", 2);
+		p = ngx_http_tokenbucket_sf_string(p, &z->name);
+		p = ngx_sprintf(p, ";q=%uL", (unsigned long long)z->rate[0].burst);
+		if (z->rate[0].tokens != 0) {
+			unsigned __int128 ns = (unsigned __int128)z->rate[0].burst *
+					       (uint64_t)z->rate[0].period_ns;
+			unsigned __int128 w = (ns + z->rate[0].tokens - 1) / z->rate[0].tokens;
+			w = (w + 999999999) / 1000000000;
+			p = ngx_sprintf(p, ";w=%uL",
+					(unsigned long long)(w == 0 ? 1 : w > (uint64_t)NGX_MAX_INT_T_VALUE
+									? (uint64_t)NGX_MAX_INT_T_VALUE
+									: (uint64_t)w));
+		}
+	}
+	conf->policy.len = p - conf->policy.data;
+	return NGX_OK;
+}
+
 static void *ngx_http_tokenbucket_create_conf(ngx_conf_t *cf)
 {
 	ngx_http_tokenbucket_conf_t *conf = ngx_pcalloc(cf->pool, sizeof(*conf));
@@ -247,7 +318,7 @@ static void *ngx_http_tokenbucket_create_conf(ngx_conf_t *cf)
 	conf->status = NGX_CONF_UNSET_UINT;
 	conf->log_level = NGX_CONF_UNSET_UINT;
 	conf->dry_run = NGX_CONF_UNSET;
-	conf->headers = NGX_CONF_UNSET;
+	conf->headers = NGX_CONF_UNSET_UINT;
 	return conf;
 }
 
@@ -265,7 +336,7 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 	ngx_conf_merge_uint_value(conf->status, prev->status, 429);
 	ngx_conf_merge_uint_value(conf->log_level, prev->log_level, NGX_LOG_WARN);
 	ngx_conf_merge_value(conf->dry_run, prev->dry_run, 0);
-	ngx_conf_merge_value(conf->headers, prev->headers, 1);
+	ngx_conf_merge_uint_value(conf->headers, prev->headers, NGX_HTTP_TB_HEADERS_ON);
 	if (conf->limits != NULL) {
 		l = conf->limits->elts;
 		for (i = 0; i < conf->limits->nelts; i++) {
@@ -294,6 +365,9 @@ static char *ngx_http_tokenbucket_merge_conf(ngx_conf_t *cf, void *parent, void 
 				return NGX_CONF_ERROR;
 			}
 		}
+		if (conf->headers == NGX_HTTP_TB_HEADERS_ON &&
+		    ngx_http_tokenbucket_policy(cf, conf) != NGX_OK)
+			return NGX_CONF_ERROR;
 	}
 	return NGX_CONF_OK;
 }

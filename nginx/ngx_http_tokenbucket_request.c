@@ -57,48 +57,98 @@ static void ngx_http_tokenbucket_delay_handler(ngx_http_request_t *r)
 	ngx_http_core_run_phases(r);
 }
 
+/* Adds "name: value" (the value stays where it is). */
+static ngx_inline ngx_int_t ngx_http_tokenbucket_field(ngx_http_request_t *r, ngx_str_t *name,
+						       u_char *value, size_t len)
+{
+	ngx_table_elt_t *h = ngx_list_push(&r->headers_out.headers);
+
+	if (h == NULL)
+		return NGX_ERROR;
+	h->hash = 1;
+	h->key = *name;
+	h->value.data = value;
+	h->value.len = len;
+#if nginx_version >= 1023000
+	h->next = NULL;
+#endif
+	return NGX_OK;
+}
+
 /*
  * Adds "name: value", its digits written backwards to end, where the value
- * stays: no ngx_sprintf format parsing, no reversal, no copy.  Inline: a
- * call for each of the four headers costs more than the digits.
+ * stays: no ngx_sprintf format parsing, no reversal, no copy.
  */
 static ngx_inline ngx_int_t ngx_http_tokenbucket_header(ngx_http_request_t *r, ngx_str_t *name,
 							u_char *end, uint64_t value)
 {
-	ngx_table_elt_t *h = ngx_list_push(&r->headers_out.headers);
-	u_char *p;
+	u_char *p = (u_char *)put_u64_back((char *)end, value);
 
-	if (h == NULL)
-		return NGX_ERROR;
-	p = (u_char *)put_u64_back((char *)end, value);
-	h->hash = 1;
-	h->key = *name;
-	h->value.data = p;
-	h->value.len = end - p;
-	return NGX_OK;
+	return ngx_http_tokenbucket_field(r, name, p, end - p);
 }
 
+/*
+ * The draft's fields: RateLimit-Policy, fixed (merge_conf made it), and
+ * RateLimit: "NAME";r=REMAINING;t=RESET, written backwards from its end in
+ * one allocation; no t when the bucket never refills (reset < 0).
+ */
+static ngx_inline ngx_int_t ngx_http_tokenbucket_ratelimit(ngx_http_request_t *r,
+						ngx_http_tokenbucket_conf_t *tcf,
+						ngx_str_t *item, uint64_t remaining,
+						ngx_int_t reset)
+{
+	static ngx_str_t policy = ngx_string("RateLimit-Policy");
+	static ngx_str_t ratelimit = ngx_string("RateLimit");
+	u_char *p = ngx_pnalloc(r->pool, item->len + 2 * NGX_INT64_LEN + 3), *end;
+
+	if (p == NULL)
+		return NGX_ERROR;
+	end = p + item->len + 2 * NGX_INT64_LEN + 3;
+	p = end;
+	if (reset >= 0) {
+		p = (u_char *)put_u64_back((char *)p, (uint64_t)reset);
+		*--p = '=';
+		*--p = 't';
+		*--p = ';';
+	}
+	p = (u_char *)put_u64_back((char *)p, remaining);
+	p -= item->len;
+	ngx_memcpy(p, item->data, item->len);
+	if (ngx_http_tokenbucket_field(r, &policy, tcf->policy.data, tcf->policy.len) != NGX_OK)
+		return NGX_ERROR;
+	return ngx_http_tokenbucket_field(r, &ratelimit, p, end - p);
+}
+
+/* The headers of limit i's report res, in the location's form, and Retry-After on a refusal. */
 static ngx_int_t ngx_http_tokenbucket_headers(ngx_http_request_t *r,
+					      ngx_http_tokenbucket_conf_t *tcf, ngx_uint_t i,
 					      const struct tokenbucket_result *res)
 {
 	static ngx_str_t limit = ngx_string("RateLimit-Limit");
 	static ngx_str_t remaining = ngx_string("RateLimit-Remaining");
 	static ngx_str_t reset_name = ngx_string("RateLimit-Reset");
 	static ngx_str_t retry_name = ngx_string("Retry-After");
+	ngx_http_tokenbucket_limit_t *l = tcf->limits->elts;
 	ngx_int_t reset = ngx_http_tokenbucket_seconds(res->reset_after_ns);
 	ngx_int_t retry = ngx_http_tokenbucket_seconds(res->retry_after_ns);
-	/* One allocation for the four values, each ending at its own slot's end. */
+	/* One allocation for the values, each ending at its own slot's end. */
 	u_char *p = ngx_pnalloc(r->pool, 4 * NGX_INT64_LEN);
 
 	if (p == NULL)
 		return NGX_ERROR;
-	if (ngx_http_tokenbucket_header(r, &limit, p + NGX_INT64_LEN, res->limit) != NGX_OK ||
-	    ngx_http_tokenbucket_header(r, &remaining, p + 2 * NGX_INT64_LEN, res->remaining) !=
+	if (tcf->headers == NGX_HTTP_TB_HEADERS_ON) {
+		if (ngx_http_tokenbucket_ratelimit(r, tcf, &l[i].item, res->remaining, reset) !=
 		    NGX_OK)
-		return NGX_ERROR;
-	if (reset >= 0 && ngx_http_tokenbucket_header(r, &reset_name, p + 3 * NGX_INT64_LEN,
-						      (uint64_t)reset) != NGX_OK)
-		return NGX_ERROR;
+			return NGX_ERROR;
+	} else {
+		if (ngx_http_tokenbucket_header(r, &limit, p + NGX_INT64_LEN, res->limit) != NGX_OK ||
+		    ngx_http_tokenbucket_header(r, &remaining, p + 2 * NGX_INT64_LEN,
+						res->remaining) != NGX_OK)
+			return NGX_ERROR;
+		if (reset >= 0 && ngx_http_tokenbucket_header(r, &reset_name, p + 3 * NGX_INT64_LEN,
+							      (uint64_t)reset) != NGX_OK)
+			return NGX_ERROR;
+	}
 	if (!res->allowed && retry >= 0 &&
 	    ngx_http_tokenbucket_header(r, &retry_name, p + 4 * NGX_INT64_LEN, (uint64_t)retry) !=
 		    NGX_OK)
@@ -438,24 +488,44 @@ static void ngx_http_tokenbucket_give_back(ngx_http_request_t *r, ngx_http_token
 
 /*
  * The grant of a local zone's last limit (one rate, not empty, no delay)
- * when nothing will show its report (no header, no variable, no earlier
- * limit's): the plain decision skips building it, and a variable looked up
- * by name later makes it (lazy).  False for a refusal or an error, which
- * take nothing: decide then decides again with the report, at the same now.
+ * when at most the draft's RateLimit shows its report (no older headers,
+ * no variable, no earlier limit's): the plain decision builds no report
+ * (tokenbucket_table_allow_reset reports only what RateLimit shows), and
+ * a variable looked up by name later makes it (lazy).  1 granted (its
+ * headers added); 0 for a refusal or an error, which take nothing: decide
+ * then decides again with the report, at the same now; NGX_ERROR if the
+ * headers could not be added.
  */
-static ngx_inline ngx_uint_t ngx_http_tokenbucket_unreported(ngx_http_tokenbucket_conf_t *tcf,
-							     ngx_http_tokenbucket_zone_t *z,
-							     ngx_http_tokenbucket_ctx_t *ctx,
-							     ngx_uint_t i)
+static ngx_inline ngx_int_t ngx_http_tokenbucket_unreported(ngx_http_request_t *r,
+							    ngx_http_tokenbucket_conf_t *tcf,
+							    ngx_http_tokenbucket_zone_t *z,
+							    ngx_http_tokenbucket_ctx_t *ctx,
+							    ngx_uint_t i)
 {
+	ngx_http_tokenbucket_limit_t *l = tcf->limits->elts;
 	ngx_str_t *k = &ctx->keys[i];
+	uint64_t remaining;
+	int64_t reset;
 
-	if (tcf->headers || ngx_http_tokenbucket_vars_indexed || z->nseeds > 0 || z->nrates != 1 ||
-	    ctx->have_best || ctx->plain_refused)
+	if (tcf->headers == NGX_HTTP_TB_HEADERS_LEGACY || ngx_http_tokenbucket_vars_indexed ||
+	    z->nseeds > 0 || z->nrates != 1 || ctx->have_best || ctx->plain_refused)
 		return 0;
-	if (!tokenbucket_table_allow_at(z->table[0], ctx->now, k->data, k->len, ctx->costs[i])) {
-		ctx->plain_refused = 1;
-		return 0;
+	if (tcf->headers == NGX_HTTP_TB_HEADERS_OFF || tcf->dry_run) {
+		if (!tokenbucket_table_allow_at(z->table[0], ctx->now, k->data, k->len,
+						ctx->costs[i])) {
+			ctx->plain_refused = 1;
+			return 0;
+		}
+	} else {
+		if (tokenbucket_table_allow_reset_at(z->table[0], ctx->now, k->data, k->len,
+						     ctx->costs[i], &remaining, &reset) != 1) {
+			ctx->plain_refused = 1;
+			return 0;
+		}
+		if (ngx_http_tokenbucket_ratelimit(r, tcf, &l[i].item, remaining,
+						   reset == TOKENBUCKET_NEVER ? -1
+									     : (ngx_int_t)reset) != NGX_OK)
+			return NGX_ERROR;
 	}
 	ctx->lazy = i + 1;
 	return 1;
@@ -525,7 +595,10 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 					ctx->until = ctx->reply_at + res.retry_after_ns;
 			}
 		} else if (last) {
-			if (ngx_http_tokenbucket_unreported(tcf, z, ctx, i))
+			rc = (int)ngx_http_tokenbucket_unreported(r, tcf, z, ctx, i);
+			if (rc == NGX_ERROR)
+				return NGX_HTTP_INTERNAL_SERVER_ERROR;
+			if (rc == 1)
 				continue;
 			rc = ngx_http_tokenbucket_allow_local(z, now, k, cost, &res);
 			if (rc != 0)
@@ -545,6 +618,7 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 		}
 		if (!ctx->have_best || res.remaining < ctx->best.remaining) {
 			ctx->best = res;
+			ctx->best_limit = i;
 			ctx->have_best = 1;
 		}
 	}
@@ -554,7 +628,7 @@ static ngx_int_t ngx_http_tokenbucket_decide(ngx_http_request_t *r, ngx_http_tok
 		ctx->res = ctx->best;
 		ctx->has_res = 1;
 		if (tcf->headers && !tcf->dry_run &&
-		    ngx_http_tokenbucket_headers(r, &ctx->best) != NGX_OK)
+		    ngx_http_tokenbucket_headers(r, tcf, ctx->best_limit, &ctx->best) != NGX_OK)
 			return NGX_HTTP_INTERNAL_SERVER_ERROR;
 	}
 	if (ctx->until <= now)
@@ -597,7 +671,7 @@ refused:
 		return NGX_DECLINED;
 	}
 	ctx->status = NGX_HTTP_TB_REJECTED;
-	if (tcf->headers && ngx_http_tokenbucket_headers(r, &res) != NGX_OK)
+	if (tcf->headers && ngx_http_tokenbucket_headers(r, tcf, i, &res) != NGX_OK)
 		return NGX_HTTP_INTERNAL_SERVER_ERROR;
 	return (ngx_int_t)tcf->status;
 
@@ -616,6 +690,7 @@ ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	ngx_http_tokenbucket_ctx_t *ctx = ngx_http_tokenbucket_get_ctx(r);
 	ngx_http_variable_value_t *vv;
 	ngx_pool_cleanup_t *cln;
+	ngx_int_t rc;
 	ngx_uint_t i, n, nrv;
 	size_t size;
 	u_char *p;
@@ -672,8 +747,8 @@ ngx_int_t ngx_http_tokenbucket_handler(ngx_http_request_t *r)
 	ctx->until = ctx->now;
 	/* As decide would end for this one limit, without its generic loop. */
 	if (n == 1 && limits[0].delay == 0 && ctx->keys[0].len != 0 && ctx->costs[0] != 0 &&
-	    ngx_http_tokenbucket_unreported(tcf, limits[0].shm_zone->data, ctx, 0))
-		return NGX_DECLINED;
+	    (rc = ngx_http_tokenbucket_unreported(r, tcf, limits[0].shm_zone->data, ctx, 0)) != 0)
+		return rc == 1 ? NGX_DECLINED : NGX_HTTP_INTERNAL_SERVER_ERROR;
 	ctx->deciding = 1;
 	return ngx_http_tokenbucket_decide(r, ctx);
 }

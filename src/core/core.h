@@ -169,6 +169,10 @@ int tb__limit_ratio(const struct tokenbucket_limit *lim, enum tb__kind *kind, ui
 int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j);
 /* Nanoseconds from "at" to tb__time_of (which goes to *act); NEVER if never or too far. */
 int64_t tb__wait_of(const struct tb__view *v, int64_t at, uint64_t j, int64_t *act);
+/* Whole seconds in ns, rounded up; NEVER stays NEVER. */
+int64_t tb__seconds_up(int64_t ns);
+/* tb__wait_of in whole seconds, rounded up, exactly; NEVER as it. */
+int64_t tb__seconds_of(const struct tb__view *v, int64_t at, uint64_t j);
 /* The fraction of a token produced at t beyond P(t), in [0, 1). */
 double tb__fraction(const struct tb__view *v, int64_t t);
 /* Nanoseconds needed for n tokens, rounded up; NEVER when not representable. */
@@ -203,6 +207,10 @@ void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst
  * bucket's clock: the report of tokenbucket_allow_result_at.  0, or
  * -EBADMSG for a corrupt bucket.  (Sets report each bucket with it.)
  */
+/* Nanoseconds until a bucket at level is full again (burst): 0 if full, NEVER if never. */
+int64_t tb__reset_after(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level);
+/* tb__reset_after in whole seconds, rounded up, exactly (tb__seconds_of). */
+int64_t tb__reset_seconds(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level);
 int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res);
 /*
  * Folds member i's result into the result of a set decision (buckets or

@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "core.h"
+#include "span.h"
 
 typedef tb__u128 u128;
 
@@ -30,12 +31,6 @@ u128 tb__gcd(u128 a, u128 b)
 		y = t;
 	}
 	return x;
-}
-
-/* Time differences are taken modulo 2^64: correct for any a >= b. */
-static uint64_t span(int64_t a, int64_t b)
-{
-	return (uint64_t)a - (uint64_t)b;
 }
 
 #define fine_units tb__fine_units
@@ -153,14 +148,26 @@ enum tb__kind tb__ratio_from_rate(double rate, uint64_t *p, uint64_t *q)
 	return TB__FINITE;
 }
 
+/* Whether tb__time_of can find a time: a finite rate producing from its origin. */
+static inline bool timed(const struct tb__view *v)
+{
+	return v->kind == TB__FINITE && v->p != 0 && v->q != 0 && v->origin != TB__NO_TIME;
+}
+
+/* The fine units still to produce from "at" until j more tokens than P(at) are there. */
+static inline u128 need_of(const struct tb__view *v, int64_t at, uint64_t j)
+{
+	u128 rem = at >= v->origin ? tb__mod(fine_units(v, at), v->q) : 0;
+	return (u128)j * v->q - rem;
+}
+
 int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j)
 {
-	if (v->kind != TB__FINITE || v->p == 0 || v->q == 0 || v->origin == TB__NO_TIME)
+	if (!timed(v))
 		return TOKENBUCKET_NEVER;
-	u128 rem = at >= v->origin ? tb__mod(fine_units(v, at), v->q) : 0;
-	u128 need = (u128)j * v->q - rem; /* fine units still to produce */
+	u128 need = need_of(v, at, j);
 	u128 wait = tb__div(need + v->p - 1, v->p);
-	if (wait >= (u128)span(TOKENBUCKET_NEVER, at))
+	if (wait >= (u128)tb__span(TOKENBUCKET_NEVER, at))
 		return TOKENBUCKET_NEVER;
 	return (int64_t)((uint64_t)at + (uint64_t)wait); /* in range; wait may pass INT64_MAX */
 }
@@ -172,6 +179,41 @@ int64_t tb__wait_of(const struct tb__view *v, int64_t at, uint64_t j, int64_t *a
 	uint64_t span = (uint64_t)*act - (uint64_t)at;
 	return *act == TOKENBUCKET_NEVER || span >= (uint64_t)TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER
 										: (int64_t)span;
+}
+
+int64_t tb__seconds_up(int64_t ns)
+{
+	/* Unsigned: NEVER - 1 + 999999999 passes INT64_MAX. */
+	return ns == TOKENBUCKET_NEVER ? TOKENBUCKET_NEVER
+				       : (int64_t)(((uint64_t)ns + 999999999u) / 1000000000u);
+}
+
+/* tb__seconds_of the long way, out of line: its fast path then saves no register. */
+static __attribute__((noinline)) int64_t seconds_via_wait(const struct tb__view *v, int64_t at,
+							   uint64_t j)
+{
+	int64_t act;
+	return tb__seconds_up(tb__wait_of(v, at, j, &act));
+}
+
+int64_t tb__seconds_of(const struct tb__view *v, int64_t at, uint64_t j)
+{
+	uint64_t per_s, far = tb__span(TOKENBUCKET_NEVER, at);
+	if (far > (uint64_t)TOKENBUCKET_NEVER)
+		far = (uint64_t)TOKENBUCKET_NEVER;
+	/*
+	 * ceil(ceil(need / p) / 10^9) = ceil(need / (p * 10^9)): one 64-bit
+	 * division when both fit.  need below far: the wait (at most need) is
+	 * not NEVER to tb__wait_of.
+	 */
+	if (timed(v) && !__builtin_mul_overflow(v->p, (uint64_t)1000000000u, &per_s)) {
+		u128 need = need_of(v, at, j);
+		if (need < far) {
+			uint64_t whole = (uint64_t)need / per_s;
+			return (int64_t)(whole + ((uint64_t)need % per_s != 0));
+		}
+	}
+	return seconds_via_wait(v, at, j);
 }
 
 double tb__fraction(const struct tb__view *v, int64_t t)
@@ -200,7 +242,7 @@ int64_t tb__limit(int64_t origin, uint64_t p, uint64_t q, uint64_t fine0)
 		return INT64_MAX;
 	/* The smallest span with span * p + fine0 >= TB__ANCHOR * q (fine0 < q). */
 	u128 d = ((u128)TB__ANCHOR * q - fine0 + p - 1) / p;
-	if (d >= (u128)span(INT64_MAX, origin))
+	if (d >= (u128)tb__span(INT64_MAX, origin))
 		return INT64_MAX; /* no time the bucket sees is that far */
 	return (int64_t)((uint64_t)origin + (uint64_t)d);
 }
@@ -242,7 +284,7 @@ uint64_t tb__carry(const struct tb__view *old, uint64_t p, uint64_t q, int64_t a
 		return 0;
 	u128 rem = fine_units(old, at) % old->q;
 	u128 carry = rem * q / ((u128)old->q * p);
-	u128 room = span(at, TB__NO_TIME + 1);
+	u128 room = tb__span(at, TB__NO_TIME + 1);
 	if (carry > room)
 		carry = room; /* the time base starts there: carry what fits */
 	return (uint64_t)(carry * p);

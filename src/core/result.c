@@ -28,8 +28,18 @@ void tb__result(const struct tb__view *v, int64_t at, uint64_t n, uint64_t burst
 		res->retry_after_ns = TOKENBUCKET_NEVER;
 	else
 		res->retry_after_ns = until(v, at, n - (uint64_t)level);
+	res->reset_after_ns = tb__reset_after(v, at, burst, level);
+}
+
+int64_t tb__reset_after(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level)
+{
 	/* Unsigned: below n and burst (so below 2^64 even from a debt a corrupt bucket holds). */
-	res->reset_after_ns = level >= (int64_t)burst ? 0 : until(v, at, burst - (uint64_t)level);
+	return level >= (int64_t)burst ? 0 : until(v, at, burst - (uint64_t)level);
+}
+
+int64_t tb__reset_seconds(const struct tb__view *v, int64_t at, uint64_t burst, int64_t level)
+{
+	return level >= (int64_t)burst ? 0 : tb__seconds_of(v, at, burst - (uint64_t)level);
 }
 
 int tb__report(struct tokenbucket *tb, uint64_t n, bool allowed, struct tokenbucket_result *res)

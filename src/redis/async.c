@@ -173,11 +173,11 @@ static void on_reply(redisAsyncContext *ac, void *reply, void *privdata)
 		if (c->unreached && c->drop_err == 0 && o->a->cluster != NULL) {
 			/* Never written: the node refused; tried again after a pause. */
 			tbr__cluster_set_stale(o->a->cluster);
-			o->unreached = tbr__async_conn_error(ac);
+			o->unreached = tbr__conn_errno(&ac->c);
 			tbr__async_again(o, o->unreached, true);
 			return;
 		}
-		tbr__async_complete(o, c->drop_err != 0 ? c->drop_err : tbr__async_conn_error(ac), NULL, NULL, 0);
+		tbr__async_complete(o, c->drop_err != 0 ? c->drop_err : tbr__conn_errno(&ac->c), NULL, NULL, 0);
 		return;
 	}
 	struct tokenbucket_result res;

@@ -229,7 +229,7 @@ static void on_connect(const redisAsyncContext *ac, int status)
 		 * fail as those queued would (a cluster's wait for a pause and a
 		 * fresh map, a one-server client's fail now).
 		 */
-		int err = tbr__async_conn_error(ac);
+		int err = tbr__conn_errno(&ac->c);
 		atomic_store_explicit(&c->node->failed_at, tokenbucket_now(), memory_order_relaxed);
 		for (struct op *o = a->whead; o != NULL; o = o->wnext) {
 			if (o->err != 0 || tbr__async_target(a, o) != c->node)
@@ -277,7 +277,7 @@ int tbr__async_conn_open(struct conn *c, bool spare)
 	if (ac == NULL)
 		return -ENOMEM;
 	if (ac->err) {
-		int err = tbr__async_conn_error(ac);
+		int err = tbr__conn_errno(&ac->c);
 		redisAsyncFree(ac);
 		return err;
 	}
@@ -345,7 +345,7 @@ static void on_master(redisAsyncContext *ac, void *reply, void *privdata)
 		return; /* timed out, or closing */
 	a->ask_got = true;
 	if (reply == NULL) {
-		a->ask_result = tbr__async_conn_error(ac);
+		a->ask_result = tbr__conn_errno(&ac->c);
 		return;
 	}
 	a->ask_result = tbr__sentinel_reply(reply, &a->found_host, &a->found_port);
@@ -357,7 +357,7 @@ static void on_asker_connect(const redisAsyncContext *ac, int status)
 	struct tokenbucket_redis_async *a = ((struct conn *)ac->data)->a;
 	if (status != REDIS_OK && !a->ask_got) {
 		a->ask_got = true;
-		a->ask_result = tbr__async_conn_error(ac);
+		a->ask_result = tbr__conn_errno(&ac->c);
 	}
 }
 
@@ -373,7 +373,7 @@ static void ask_open(struct tokenbucket_redis_async *a, int64_t now)
 	redisAsyncContext *ac = redisAsyncConnect(host, port);
 	if (ac == NULL || ac->err) {
 		a->ask_got = true;
-		a->ask_result = ac == NULL ? -ENOMEM : tbr__async_conn_error(ac);
+		a->ask_result = tbr__conn_errno(ac != NULL ? &ac->c : NULL);
 		if (ac != NULL)
 			redisAsyncFree(ac);
 		return;

@@ -289,27 +289,6 @@ void tbr__async_complete(struct op *o, int err, struct tokenbucket_result *res,
 	free(o);
 }
 
-/* The error of a connection hiredis gave up, as the blocking client reports it. */
-int tbr__async_conn_error(const redisAsyncContext *ac)
-{
-	if (ac->c.err == REDIS_ERR_EOF)
-		return -ECONNRESET;
-	if (ac->c.err == REDIS_ERR_OOM)
-		return -ENOMEM;
-	if (ac->c.err == REDIS_ERR_PROTOCOL)
-		return -EPROTO;
-	/* hiredis keeps errno's text only. */
-	static const struct { const char *text; int err; } known[] = {
-		{ "refused", ECONNREFUSED }, { "No such file", ENOENT },
-		{ "Broken pipe", EPIPE },    { "timed out", ETIME },
-		{ "unreachable", EHOSTUNREACH },
-	};
-	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++)
-		if (strstr(ac->c.errstr, known[i].text) != NULL)
-			return -known[i].err;
-	return -ECONNRESET;
-}
-
 /* o goes back to waiting, sent again after a pause (pause) or at once. */
 void tbr__async_again(struct op *o, int last_err, bool pause)
 {

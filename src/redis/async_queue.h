@@ -163,7 +163,6 @@ void tbr__async_arm_from(struct tokenbucket_redis_async *a, const struct op *fro
 void tbr__async_arm(struct tokenbucket_redis_async *a);
 void tbr__async_complete(struct op *o, int err, struct tokenbucket_result *res,
 			 struct tokenbucket_reservation *rv, double tokens);
-int tbr__async_conn_error(const redisAsyncContext *ac);
 void tbr__async_again(struct op *o, int last_err, bool pause);
 void tbr__async_conn_attach(struct conn *c, redisAsyncContext *ac);
 void tbr__async_conn_drop(struct conn *c, int err);

@@ -344,12 +344,20 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 	bool ask = false;
 	int redirects = 0;
 	int unreached = 0; /* the last connection error since the call began */
+	int64_t rtt = 0;   /* ns from send to answer of the last attempt answered */
 	err = -ETIME;
 	for (;;) {
 		if (next == NULL)
 			refresh(cl, deadline);
 		int64_t left = deadline - tokenbucket_now();
 		if (left <= 0)
+			return err;
+		/*
+		 * After a not-ready answer the call is known not to have run; a retry
+		 * that cannot be answered before the deadline would turn that into
+		 * -ETIME (outcome unknown), so it is not sent.
+		 */
+		if (err == -EAGAIN && left < 2 * rtt + TBR__PAUSE_NS / 10)
 			return err;
 		struct tbr__node *n = next != NULL ? next : tbr__cluster_route(cl, slot);
 		bool asking = next != NULL && ask;
@@ -358,6 +366,8 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		int got = get(cl, n, left, &c);
 		if (got != 0) {
 			/* Nothing was sent: try again (the map may have moved on) until the time is up. */
+			if (got == -ETIME && err == -EAGAIN)
+				return err; /* no time left to connect: the last answer stands */
 			err = got;
 			unreached = got;
 			failed(n);
@@ -370,7 +380,9 @@ int tbr__cluster_exchange(struct tbr__cluster *cl, struct tokenbucket_redis_call
 		bool unsent;
 		int mode = cl->module != NULL ? atomic_load_explicit(cl->module, memory_order_relaxed)
 					      : TOKENBUCKET_REDIS_MODULE_AUTO;
+		int64_t sent = tokenbucket_now();
 		err = tbr__conn_call(c, call, asking, mode, &rep, &unsent);
+		rtt = tokenbucket_now() - sent;
 		if (err != 0) {
 			/* Its siblings may be dead too. */
 			tbr__conn_drop(c);

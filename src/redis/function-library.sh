@@ -1,7 +1,12 @@
 #!/bin/sh
 # SPDX-License-Identifier: MIT
 #
-# usage: function-library.sh SCRIPT FUNCTION
+# usage: function-library.sh --script DIR
+#        function-library.sh SCRIPT FUNCTION
+#
+# With --script, writes the script (tokenbucket.lua) on stdout: DIR's
+# files script-*.lua in name order, one after the other, which is what
+# the build installs, compiles in and hashes for EVALSHA.  Otherwise:
 #
 # Writes the Redis 7 function library of libtokenbucket-redis on stdout:
 # the script (tokenbucket.lua) as the local function script(KEYS, ARGV),
@@ -15,6 +20,12 @@
 # that clients of two versions never replace each other's.  A region
 # never used, unknown or left open fails the build.
 set -eu
+if [ "${1:-}" = --script ]; then
+	set -- "${2:?--script wants a directory}"/script-*.lua
+	[ -f "$1" ] || { echo "function-library.sh: no script-*.lua" >&2; exit 1; }
+	cat "$@"
+	exit 0
+fi
 body=$(mktemp)
 trap 'rm -f "$body"' EXIT
 {

@@ -7,16 +7,18 @@
 #ifndef TOKENBUCKET_REDIS_INTERNAL_H
 #define TOKENBUCKET_REDIS_INTERNAL_H
 
+#include <errno.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include <hiredis/hiredis.h>
 
 #include "tokenbucket-redis.h"
 
-/* The script, embedded at build time from tokenbucket.lua (script.c). */
+/* The script, embedded at build time: tokenbucket.lua, joined from script-*.lua (script.c). */
 extern const char tbr__script_text[];
 extern const char tbr__script_sha1[];
 /* The Redis 7 function library (tokenbucket-function.lua) and its function's name. */
@@ -117,6 +119,37 @@ static inline bool tbr__use_module(int mode, bool found)
 }
 /* An error reply's errno: -ENOEXEC for NOSCRIPT, -EBADMSG for a value that is not a bucket. */
 int tbr__error(const char *str, size_t len);
+/*
+ * The errno of a connection hiredis failed (c, NULL when hiredis could not
+ * allocate one), the same for the blocking client, the asynchronous
+ * engine and the sentinels' questions; docs/redis.md's fault table lists
+ * the set.  hiredis keeps no errno, only its text: every errno it or
+ * sigpipe.c records ends errstr ("[what: ]strerror(errno)"), so the text
+ * is matched against the errnos a connection can fail with.  A wait that
+ * ran out is -ETIME; what no errno names is -ECONNRESET for I/O on a
+ * connection made, else (a name not resolved) -ECONNREFUSED.
+ */
+static inline int tbr__conn_errno(const redisContext *c)
+{
+	static const int known[] = { ECONNREFUSED, ENOENT, EACCES, ECONNRESET, ECONNABORTED, EPIPE,
+				     ENOTCONN, ENETUNREACH, EHOSTUNREACH, ETIMEDOUT, EAGAIN, EINPROGRESS };
+	if (c == NULL || c->err == REDIS_ERR_OOM)
+		return -ENOMEM;
+	if (c->err == REDIS_ERR_EOF)
+		return -ECONNRESET;
+	if (c->err == REDIS_ERR_PROTOCOL)
+		return -EPROTO;
+	size_t len = strnlen(c->errstr, sizeof(c->errstr));
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+		const char *text = strerror(known[i]);
+		size_t n = strlen(text);
+		if (n <= len && memcmp(c->errstr + len - n, text, n) == 0)
+			return known[i] == ETIMEDOUT || known[i] == EAGAIN || known[i] == EINPROGRESS
+				       ? -ETIME
+				       : -known[i];
+	}
+	return c->err == REDIS_ERR_IO ? -ECONNRESET : -ECONNREFUSED;
+}
 /* A whole reply to call: 0 or a negative errno, with the outputs filled. */
 int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep,
 		struct tokenbucket_result *res, struct tokenbucket_reservation *rv,

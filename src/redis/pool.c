@@ -124,30 +124,6 @@ void tbr__node_fini(struct tbr__node *n)
 
 /* ---- Connections --------------------------------------------------------- */
 
-int tbr__conn_error(const redisContext *c, int saved_errno)
-{
-	if (c == NULL)
-		return -ENOMEM;
-	switch (c->err) {
-	case REDIS_ERR_EOF:
-		return -ECONNRESET;
-	case REDIS_ERR_OOM:
-		return -ENOMEM;
-	case REDIS_ERR_PROTOCOL:
-		return -EPROTO;
-	case REDIS_ERR_IO:
-		if (saved_errno == EAGAIN || saved_errno == EWOULDBLOCK || saved_errno == ETIMEDOUT ||
-		    saved_errno == EINPROGRESS)
-			return -ETIME; /* no answer within the timeout */
-		return saved_errno > 0 ? -saved_errno : -ECONNRESET;
-	default:
-		/* hiredis 0.14 reports a connect timeout as "other" with no errno. */
-		if (strstr(c->errstr, "timed out") != NULL)
-			return -ETIME;
-		return saved_errno > 0 ? -saved_errno : -ECONNREFUSED;
-	}
-}
-
 void tbr__conn_drop(struct tbr__conn *c)
 {
 	if (c == NULL)
@@ -161,7 +137,7 @@ int tbr__conn_timeout(struct tbr__conn *c, int64_t ns)
 	if (c->timeout_ns == ns)
 		return 0;
 	if (redisSetTimeout(c->c, tb__timeval_of(ns)) != REDIS_OK)
-		return tbr__conn_error(c->c, errno);
+		return tbr__conn_errno(c->c);
 	c->timeout_ns = ns;
 	return 0;
 }
@@ -329,14 +305,12 @@ static int conn_open(struct tbr__node *n, struct timeval connect_tv, int64_t tim
 	int64_t connect_ns = (int64_t)connect_tv.tv_sec * 1000000000 + (int64_t)connect_tv.tv_usec * 1000;
 	if (left < connect_ns)
 		connect_tv = tb__timeval_of(left > 1000 ? left : 1000);
-	errno = 0;
 	if (n->path != NULL)
 		c->c = redisConnectUnixWithTimeout(n->path, connect_tv);
 	else
 		c->c = redisConnectWithTimeout(found != NULL ? found : n->host, port, connect_tv);
-	int saved = errno;
 	free(found);
-	int err = c->c == NULL || c->c->err ? tbr__conn_error(c->c, saved) : 0;
+	int err = c->c == NULL || c->c->err ? tbr__conn_errno(c->c) : 0;
 	if (err == 0)
 		err = tbr__conn_timeout(c, timeout_ns);
 	if (err == 0)
@@ -407,7 +381,7 @@ void tbr__conn_put(struct tbr__node *n, struct tbr__conn *c)
 static int conn_flush(struct tbr__conn *c)
 {
 	int err = tbr__write_nosignal(c->c);
-	return err < 0 ? tbr__conn_error(c->c, -err) : 0;
+	return err < 0 ? tbr__conn_errno(c->c) : 0;
 }
 
 
@@ -415,7 +389,7 @@ static int conn_flush(struct tbr__conn *c)
 static int conn_read(struct tbr__conn *c, redisReply **rep)
 {
 	int r = tbr__read_by(c->c, &c->bound, c->deadline, &c->timeout_ns, rep);
-	return r == 1 ? tbr__conn_error(c->c, errno) : r;
+	return r == 1 ? tbr__conn_errno(c->c) : r;
 }
 
 int tbr__conn_call(struct tbr__conn *c, const struct tokenbucket_redis_call *call, bool asking,

@@ -93,8 +93,6 @@ void tbr__conn_drop(struct tbr__conn *c);
  * time fails with -ETIME then, whatever each read takes.
  */
 int tbr__conn_timeout(struct tbr__conn *c, int64_t ns);
-/* What a failed connection or round trip means, as a negative errno. */
-int tbr__conn_error(const redisContext *c, int saved_errno);
 
 /*
  * Sends call on c (preceded by ASKING when asking; to the module or as the

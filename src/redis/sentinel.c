@@ -164,11 +164,8 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 	if (c == NULL)
 		return -ENOMEM;
 	int err = 0;
-	if (c->err)
-		err = strstr(c->errstr, "refused") != NULL ? -ECONNREFUSED
-		      : strstr(c->errstr, "timed out") != NULL ? -ETIME : -ECONNRESET;
-	if (err == 0 && redisSetTimeout(c, tb__timeval_of(timeout_ns)) != REDIS_OK)
-		err = -ECONNRESET;
+	if (c->err || redisSetTimeout(c, tb__timeval_of(timeout_ns)) != REDIS_OK)
+		err = tbr__conn_errno(c);
 	redisReply *rep = NULL;
 	if (err == 0) {
 		const char *argv[] = { "SENTINEL", "get-master-addr-by-name", name };
@@ -177,11 +174,7 @@ static int ask(const char *shost, int sport, const char *name, struct timeval co
 		int r = redisAppendCommandArgv(c, 3, argv, NULL) != REDIS_OK ? -ENOMEM
 			: tbr__write_nosignal(c) < 0			    ? 1
 									    : tbr__read_by(c, &bound, deadline, &set, &rep);
-		if (r == 1)
-			r = c->err == REDIS_ERR_PROTOCOL ? -EPROTO
-			    : c->err == REDIS_ERR_IO && (errno == EAGAIN || errno == ETIMEDOUT) ? -ETIME
-												 : -ECONNRESET;
-		err = r;
+		err = r == 1 ? tbr__conn_errno(c) : r;
 	}
 	if (err == 0)
 		err = tbr__sentinel_reply(rep, host, port);

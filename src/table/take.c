@@ -168,6 +168,33 @@ void tb__table_peek(const struct tbt_call *c, struct tbt_outcome *o)
 }
 
 
+/*
+ * allow_result's decision on the key hashed to h, leaving in *c and *o what
+ * its report is made of: 0, or the library's error.
+ */
+static inline __attribute__((always_inline)) int allow_outcome(struct tokenbucket_table *t,
+							       int64_t now, uint64_t h, uint64_t n,
+							       struct tbt_call *c,
+							       struct tbt_outcome *o)
+{
+	if (__builtin_expect(warm_allow(t, now, h, n, c, o) == 1, 1))
+		return 0;
+	if (!call_init_hashed(t, now, h, 0, c))
+		return -EBADMSG;
+	if (n > c->burst) {
+		/* Refused at once. */
+		tb__table_peek(c, o);
+		return 0;
+	}
+	int err = past_horizon(c, c->at) ? tb__table_reanchor(t, c, c->at, n) : 0;
+	if (err == 0)
+		err = take(t, c, n, true, o, NULL);
+	if (err)
+		return err;
+	cache_regime(t, c);
+	return 0;
+}
+
 int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, const void *key,
 				      size_t len, uint64_t n, struct tokenbucket_result *res)
 {
@@ -176,25 +203,38 @@ int tokenbucket_table_allow_result_at(struct tokenbucket_table *t, int64_t now, 
 	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
 	struct tbt_call c;
 	struct tbt_outcome o = {0};
-	if (__builtin_expect(warm_allow(t, now, h, n, &c, &o) == 1, 1)) {
-		report(&c, &o, n, res);
-		return 0;
-	}
-	if (!call_init_hashed(t, now, h, 0, &c))
-		return -EBADMSG;
-	if (n > c.burst) {
-		/* Refused at once. */
-		tb__table_peek(&c, &o);
-	} else {
-		int err = past_horizon(&c, c.at) ? tb__table_reanchor(t, &c, c.at, n) : 0;
-		if (err == 0)
-			err = take(t, &c, n, true, &o, NULL);
-		if (err)
-			return err;
-		cache_regime(t, &c);
-	}
+	int err = allow_outcome(t, now, h, n, &c, &o);
+	if (err)
+		return err;
 	report(&c, &o, n, res);
 	return 0;
+}
+
+/*
+ * The same decision as allow_result_at, reporting only what a RateLimit
+ * header shows: no retry time, no record to fill.
+ */
+int tokenbucket_table_allow_reset_at(struct tokenbucket_table *t, int64_t now, const void *key,
+				     size_t len, uint64_t n, uint64_t *remaining,
+				     int64_t *reset_s)
+{
+	if (t == NULL || remaining == NULL || reset_s == NULL || bad_key(key, len))
+		return -EINVAL;
+	uint64_t h = tb__siphash13_inline(t->k0, t->k1, key, len);
+	struct tbt_call c;
+	struct tbt_outcome o = {0};
+	int err = allow_outcome(t, now, h, n, &c, &o);
+	if (err)
+		return err;
+	*remaining = o.level > 0 ? (uint64_t)o.level : 0;
+	*reset_s = tb__reset_seconds(&c.v, o.at, c.burst, o.level);
+	return o.allowed;
+}
+
+int tokenbucket_table_allow_reset(struct tokenbucket_table *t, const void *key, size_t len,
+				  uint64_t n, uint64_t *remaining, int64_t *reset_s)
+{
+	return tokenbucket_table_allow_reset_at(t, tb__now(), key, len, n, remaining, reset_s);
 }
 
 int tokenbucket_table_allow_result(struct tokenbucket_table *t, const void *key, size_t len,

@@ -4,8 +4,10 @@
  * keep-alive connection (reconnecting when the server closes it), one every
  * INTERVAL microseconds (0: back to back), and prints one line per response:
  *
- *   <CLOCK_MONOTONIC ns when sent> <status> <RateLimit-Remaining or ->
- *   <Retry-After or -> <ns the response took>
+ *   <CLOCK_MONOTONIC ns when sent> <status> <remaining or -> <Retry-After or ->
+ *   <ns the response took>
+ *
+ * remaining is RateLimit's r= (the draft's field) or RateLimit-Remaining.
  *
  *   tbnginx-client PORT N INTERVAL_US PATH [HEADER ...]
  *   tbnginx-client port        (prints a free loopback port the kernel chose)
@@ -192,8 +194,16 @@ int main(int argc, char **argv)
 			failed = 1;
 			continue;
 		}
-		char rem[32], retry[32];
-		header(head, "RateLimit-Remaining", rem, sizeof(rem));
+		char rem[128], retry[32];
+		header(head, "RateLimit", rem, sizeof(rem));
+		const char *r = strstr(rem, ";r=");
+		if (r != NULL) {
+			size_t d = strspn(r + 3, "0123456789");
+			memmove(rem, r + 3, d);
+			rem[d] = '\0';
+		} else {
+			header(head, "RateLimit-Remaining", rem, sizeof(rem));
+		}
 		header(head, "Retry-After", retry, sizeof(retry));
 		printf("%lld %d %s %s %lld\n", (long long)sent, status, rem, retry,
 		       (long long)(now_ns() - sent));

@@ -177,6 +177,7 @@ response() {
 		timeout 5 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port; cat >&3; cat <&3"
 }
 plain_200() { grep -q '^HTTP/1.1 200' <<<"$1" && ! grep -qi '^RateLimit-' <<<"$1"; }
+not_grep() { ! grep -qE "$1" <<<"$2"; }
 not_in_log() { ! grep -qE "$1" "$prefix/error.log"; }
 
 # reload_nginx ZONES LOCATIONS: a reload (SIGHUP) to the configuration with
@@ -294,9 +295,17 @@ basic)
 	check "refused with 429" test "$(tail -1 <<<"$out" | awk '{ print $2 }')" = 429
 	retry=$(tail -1 <<<"$out" | awk '{ print $4 }')
 	check "Retry-After $retry within (0, 10]" test "$retry" -ge 1 -a "$retry" -le 10
+	# The draft's fields (a report variable is logged: the full report).
 	hdrs=$(response /slow/ h2)
-	check "RateLimit-Limit is the burst" grep -q $'^RateLimit-Limit: 2\r$' <<<"$hdrs"
-	check "RateLimit-Reset present" grep -q '^RateLimit-Reset: [0-9]' <<<"$hdrs"
+	check "RateLimit-Policy: the burst and its refill in seconds" \
+		grep -q $'^RateLimit-Policy: "slow";q=2;w=20\r$' <<<"$hdrs"
+	check "RateLimit: 1 left, full within (0, 10] s" \
+		grep -qE $'^RateLimit: "slow";r=1;t=([1-9]|10)\r$' <<<"$hdrs"
+	check "none of the older fields" not_grep '^RateLimit-(Limit|Remaining|Reset):' "$hdrs"
+	hdrs=$(response /slow/ h2)
+	check "RateLimit: 0 left, full within (10, 20] s" \
+		grep -qE $'^RateLimit: "slow";r=0;t=(1[1-9]|20)\r$' <<<"$hdrs"
+	check "a grant has no Retry-After" not_grep '^Retry-After:' "$hdrs"
 	out=$(get /dry/ 4 0 "X-Key: d")
 	check "dry run serves everything" test "$(count 200 <<<"$out")" = 4
 	sleep 0.5
@@ -311,14 +320,50 @@ zones)
 	log_vars='$http_x_key $status $tokenbucket_status'
 	write_conf "
 	tokenbucket_zone zone=perkey keys=1024 rate=1r/min burst=3;
-	tokenbucket_zone zone=all keys=16 rate=1r/min burst=4;" "
+	tokenbucket_zone zone=all keys=16 rate=1r/min burst=4;
+	tokenbucket_zone zone=hd keys=64 rate=6r/min burst=2;" "
 		tokenbucket_headers off;
 		location /both/ {
 			tokenbucket zone=perkey key=\$http_x_key;
 			tokenbucket zone=all key=all;
 		}
-		location /a-only/ { tokenbucket zone=perkey key=\$http_x_key; }"
+		location /a-only/ { tokenbucket zone=perkey key=\$http_x_key; }
+		location /draft/ { tokenbucket zone=hd key=\$http_x_key; tokenbucket_headers on; }
+		location /legacy/ { tokenbucket zone=hd key=\$http_x_key; tokenbucket_headers legacy; }
+		location /draft2/ {
+			tokenbucket_headers on;
+			tokenbucket zone=perkey key=\$http_x_key;
+			tokenbucket zone=hd key=\$http_x_key;
+		}"
 	start_nginx
+	# The draft's fields as the plain decision sends them (nothing logs a
+	# report), a refusal's from the report; the older fields.
+	hdrs=$(response /draft/ z1)
+	check "draft: RateLimit-Policy fixed" grep -q $'^RateLimit-Policy: "hd";q=2;w=20\r$' <<<"$hdrs"
+	check "draft: 1 left, full within (0, 10] s" \
+		grep -qE $'^RateLimit: "hd";r=1;t=([1-9]|10)\r$' <<<"$hdrs"
+	check "draft: one RateLimit field, no older ones" \
+		test "$(grep -ciE '^(RateLimit|RateLimit-Limit|RateLimit-Remaining|RateLimit-Reset|Retry-After):' <<<"$hdrs")" = 1
+	hdrs=$(response /draft/ z1)
+	check "draft: 0 left, full within (10, 20] s" \
+		grep -qE $'^RateLimit: "hd";r=0;t=(1[1-9]|20)\r$' <<<"$hdrs"
+	hdrs=$(response /draft/ z1)
+	retry=$(sed -n 's/^Retry-After: \([0-9]*\)\r$/\1/p' <<<"$hdrs")
+	check "draft: refused with Retry-After $retry within [1, 10]" \
+		test "$(head -1 <<<"$hdrs" | cut -d' ' -f2)" = 429 -a "${retry:-0}" -ge 1 -a "${retry:-99}" -le 10
+	t=$(sed -n 's/^RateLimit: "hd";r=0;t=\([0-9]*\)\r$/\1/p' <<<"$hdrs")
+	check "draft: the refusal's reset $t is Retry-After + (0, 10] s" \
+		test "${t:-0}" -gt "$retry" -a "${t:-0}" -le $((retry + 10))
+	hdrs=$(response /legacy/ z2)
+	check "legacy: RateLimit-Limit 2" grep -q $'^RateLimit-Limit: 2\r$' <<<"$hdrs"
+	check "legacy: RateLimit-Remaining 1" grep -q $'^RateLimit-Remaining: 1\r$' <<<"$hdrs"
+	check "legacy: RateLimit-Reset within [1, 10]" grep -qE $'^RateLimit-Reset: ([1-9]|10)\r$' <<<"$hdrs"
+	check "legacy: no draft fields" not_grep '^RateLimit(-Policy)?:' "$hdrs"
+	hdrs=$(response /draft2/ z3)
+	check "two limits: a policy item each" \
+		grep -q $'^RateLimit-Policy: "perkey";q=3;w=180, "hd";q=2;w=20\r$' <<<"$hdrs"
+	check "two limits: RateLimit reports the one with fewer left" \
+		grep -qE $'^RateLimit: "hd";r=1;t=([1-9]|10)\r$' <<<"$hdrs"
 	check "k1: 3 granted by perkey" test "$(get /both/ 4 0 "X-Key: k1" | count 200)" = 3
 	check "k2: 1 granted, then all is empty" test "$(get /both/ 6 0 "X-Key: k2" | count 200)" = 1
 	check "k2's refusals by 'all' took nothing from perkey" \
@@ -358,7 +403,10 @@ rates)
 	retry=$(tail -1 <<<"$out" | awk '{ print $4 }')
 	check "Retry-After $retry: the quota's next token, within [1, 10]" test "$retry" -ge 1 -a "$retry" -le 10
 	hdrs=$(response /a/ q1)
-	check "the refusal names the quota: RateLimit-Limit 6" grep -q $'^RateLimit-Limit: 6\r$' <<<"$hdrs"
+	check "the refusal names the quota: 0 left of the zone" \
+		grep -qE $'^RateLimit: "two";r=0;t=[0-9]+\r$' <<<"$hdrs"
+	check "the policy gives the zone's first rate" \
+		grep -q $'^RateLimit-Policy: "two";q=10;w=10\r$' <<<"$hdrs"
 	check "the pace binds: 2 of 5" test "$(get /b/ 5 0 "X-Key: p1" | count 200)" = 2
 	check "q3 through two and gate: gate's burst of 2" \
 		test "$(get /both/ 5 0 "X-Key: q3" | count 200)" = 2
@@ -607,8 +655,9 @@ redis-share)
 	check "the key is in Redis under the zone's prefix" \
 		test "$(rcli exists tokenbucket:g:shared)" = 1
 	hdrs=$(response /a/ h)
-	check "RateLimit-Limit is the burst" grep -q $'^RateLimit-Limit: 10\r$' <<<"$hdrs"
-	check "RateLimit-Remaining 9" grep -q $'^RateLimit-Remaining: 9\r$' <<<"$hdrs"
+	check "RateLimit-Policy: burst 10, refilled within 1 s" \
+		grep -q $'^RateLimit-Policy: "g";q=10;w=1\r$' <<<"$hdrs"
+	check "RateLimit: 9 left, full within 1 s" grep -q $'^RateLimit: "g";r=9;t=1\r$' <<<"$hdrs"
 	# A table, then Redis: a refusal by Redis takes nothing from the table.
 	check "k1: 3 granted by perkey" test "$(get /both/ 4 0 "X-Key: k1" | count 200)" = 3
 	check "k2: 1 granted, then Redis's 'all' is empty" \
@@ -864,6 +913,7 @@ config)
 	bad "$z" "location / { tokenbucket zone=z key=\$http_x_key delay=soon; }" tokenbucket 'delay=soon'
 	bad "$z" "location / { tokenbucket zone=z; }" tokenbucket 'key='
 	bad "$z" "$l tokenbucket_status 200;" tokenbucket_status '"200"' 'between 400 and 599'
+	bad "$z" "$l tokenbucket_headers draft;" 'invalid value "draft"'
 	bad "$z $z" "" tokenbucket_zone '"z" is already defined'
 	bad "$z tokenbucket_zone zone=z keys=20 rate=1r/s;" "" tokenbucket_zone '"z" is already defined'
 	bad "tokenbucket_zone zone=z keys=10 rate=1r/s rate=2r/s rate=3r/s rate=4r/s rate=5r/s;" "" \

@@ -29,7 +29,7 @@ if arg[opt] == "--general" then
 	local f = assert(io.open(arg[1]))
 	local src = f:read("*a")
 	f:close()
-	local gate = '\nlocal common = op == "allow" or op == "reserve"\n'
+	local gate = '\nlocal common = op ~= "reset" and not several\n'
 	local i, j = string.find(src, gate, 1, true)
 	if not i or string.find(src, gate, j, true) then
 		io.stderr:write("driver.lua: the common case's gate is not once in ", arg[1], "\n")

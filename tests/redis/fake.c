@@ -37,6 +37,11 @@ static void serve(struct fake_server *s, int fd, redisReader *rd, bool *closed)
 	redisReaderFeed(rd, buf, (size_t)n);
 	void *r;
 	while (redisReaderGetReply(rd, &r) == REDIS_OK && r != NULL) {
+		if (s->hang_up) {
+			freeReplyObject(r);
+			*closed = true;
+			return;
+		}
 		char out[4096];
 		size_t len = s->reply(s, r, out, sizeof(out));
 		freeReplyObject(r);

@@ -23,6 +23,8 @@ struct fake_server {
 	/* Sent to each connection as it is accepted (NULL: nothing). */
 	const char *greeting;
 	size_t greeting_len;
+	/* Closes each connection at its first command, unanswered. */
+	bool hang_up;
 	/* When > 0, replies are written a byte at a time, this many ns apart. */
 	long trickle_ns;
 	/* The reply to cmd (an array of strings) into out; its length. */

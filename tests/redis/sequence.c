@@ -46,7 +46,46 @@ static const struct tokenbucket_redis_limit edge_limits[] = {
 	{ 1, INT64_MAX, TOKENBUCKET_BURST_MAX },
 };
 
-/* Mostly the range (burst to 2^40, rates to 1e9 per second), now and then the library's whole range. */
+/*
+ * A limit past the script's common cases' 10^15 in every number it can be:
+ * a burst from 2^50 to 2^62, a rate's tokens to 2^64 - 1 and its period to
+ * 2^63 - 1, each now and then at its very largest, so that a level, a
+ * fraction or a product of them carries across every limb of the script.
+ */
+static struct tokenbucket_redis_limit wide_limit(struct seq *s)
+{
+	struct tokenbucket_redis_limit l;
+	switch (below(s, 3)) {
+	case 0:
+		l.tokens = UINT64_MAX - below(s, 1000);
+		break;
+	case 1:
+		l.tokens = (UINT64_C(1) << 40) + below(s, UINT64_C(1) << 40);
+		break;
+	default:
+		l.tokens = seq_rand(&s->rng) | 1;
+	}
+	switch (below(s, 4)) {
+	case 0:
+		l.period_ns = 1 + (int64_t)below(s, 1000000000);
+		break;
+	case 1:
+		l.period_ns = INT64_MAX - (int64_t)below(s, 1000);
+		break;
+	default:
+		l.period_ns = 1 + (int64_t)below(s, INT64_MAX);
+	}
+	if (below(s, 2) == 0)
+		l.burst = TOKENBUCKET_BURST_MAX - below(s, 1000);
+	else
+		l.burst = (UINT64_C(1) << 50) + below(s, TOKENBUCKET_BURST_MAX - (UINT64_C(1) << 50) + 1);
+	return l;
+}
+
+/*
+ * Mostly the issue's range (burst to 2^40, rates to 1e9 per second), one
+ * limit in ten wide, now and then the library's whole range.
+ */
 static struct tokenbucket_redis_limit random_limit(struct seq *s)
 {
 	static const int64_t periods[] = { 1, 3, 1000, 1000000, 7000000, 1000000000, 60000000000 };
@@ -54,6 +93,8 @@ static struct tokenbucket_redis_limit random_limit(struct seq *s)
 	uint64_t k = below(s, 100);
 	if (k < 6)
 		return edge_limits[below(s, sizeof(edge_limits) / sizeof(edge_limits[0]))];
+	if (k < 16)
+		return wide_limit(s);
 	k = below(s, 100);
 	if (k < 5)
 		l.tokens = 0;

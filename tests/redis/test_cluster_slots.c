@@ -351,6 +351,7 @@ struct fake {
 	/* The answer to a command (argv[0] upper-cased): protocol bytes into out. */
 	void (*answer)(struct fake *f, int argc, char **argv, char *out, size_t size);
 	struct fake *peer; /* another fake a redirection may name */
+	long delay_ms;     /* how long answer_tryagain takes to answer a script */
 };
 
 /* A script reply that decodes as "allowed, 5 left". */
@@ -454,9 +455,11 @@ END_TEST
 
 static void answer_tryagain(struct fake *f, int argc, char **argv, char *out, size_t size)
 {
-	(void)f;
 	(void)argc;
-	snprintf(out, size, "%s", strcmp(argv[0], "CLUSTER") == 0 ? "*0\r\n" : "-TRYAGAIN Multiple keys request during rehashing of slot\r\n");
+	bool map = strcmp(argv[0], "CLUSTER") == 0;
+	if (!map && f->delay_ms > 0)
+		nanosleep(&(struct timespec){ .tv_sec = 0, .tv_nsec = f->delay_ms * 1000000 }, NULL);
+	snprintf(out, size, "%s", map ? "*0\r\n" : "-TRYAGAIN Multiple keys request during rehashing of slot\r\n");
 }
 
 static void answer_clusterdown(struct fake *f, int argc, char **argv, char *out, size_t size)
@@ -484,6 +487,27 @@ START_TEST(test_not_ready_until_the_timeout)
 		tokenbucket_redis_close(r);
 		fake_stop(&f);
 	}
+}
+END_TEST
+
+START_TEST(test_not_ready_slowly)
+{
+	/*
+	 * Answers 45 ms late: a retry sent with less than that left would time
+	 * out (-ETIME, outcome unknown); the client stops at the last answer
+	 * it knows instead.
+	 */
+	struct fake f;
+	fake_start(&f, answer_tryagain, NULL);
+	f.delay_ms = 45;
+	struct tokenbucket_redis *r = fake_client(&f, 300);
+	int err;
+	int64_t ms = allow_ms(r, "foo", &err);
+	ck_assert_int_eq(err, -EAGAIN);
+	ck_assert_msg(ms < 300 + 300 * late(), "took %lld ms", (long long)ms);
+	ck_assert_int_ge(evals(&f), 3);
+	tokenbucket_redis_close(r);
+	fake_stop(&f);
 }
 END_TEST
 
@@ -664,6 +688,7 @@ int main(void)
 	tcase_set_timeout(net, 30);
 	tcase_add_test(net, test_redirect_loop);
 	tcase_add_test(net, test_not_ready_until_the_timeout);
+	tcase_add_test(net, test_not_ready_slowly);
 	tcase_add_test(net, test_down_goes_to_the_fallback);
 	tcase_add_test(net, test_hostile_map_is_not_used);
 	tcase_add_test(net, test_ask_then_noscript);

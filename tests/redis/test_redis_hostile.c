@@ -15,9 +15,15 @@
 #include <string.h>
 #include <strings.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <tokenbucket-redis.h>
 
 #include "fake.h"
+#include "internal.h"
 #include "loops.h"
 
 /*
@@ -353,15 +359,21 @@ START_TEST(test_sentinel_host_with_nul)
 }
 END_TEST
 
+/* The fake as its own sentinel and a primary, greeting every connection with greeting; running. */
+static void sentinel_fake_greeting(struct fake *f, char *sentinel, size_t size, const char *greeting)
+{
+	sentinel_fake(f, sentinel, size, BYTES("127.0.0.1"), BYTES(master));
+	f->srv.greeting = greeting;
+	f->srv.greeting_len = strlen(greeting);
+	fake_run_start(f);
+}
+
 START_TEST(test_sentinel_greets_with_two_replies)
 {
 	struct fake f;
 	char sentinel[128];
-	sentinel_fake(&f, sentinel, sizeof(sentinel), BYTES("127.0.0.1"), BYTES(master));
 	/* Every connection gets an error and a reply before it asks anything. */
-	f.srv.greeting = "-ERR hello\r\n:1\r\n";
-	f.srv.greeting_len = strlen(f.srv.greeting);
-	fake_run_start(&f);
+	sentinel_fake_greeting(&f, sentinel, sizeof(sentinel), "-ERR hello\r\n:1\r\n");
 	/* An error from a sentinel names no primary, whatever follows it. */
 	sentinel_fails(&f, -EHOSTUNREACH);
 	fake_stop(&f);
@@ -504,6 +516,106 @@ START_TEST(test_moved_to_unreachable)
 }
 END_TEST
 
+/* A loopback port where nothing listens: bound by the kernel's choice, then closed. */
+static int closed_port(void)
+{
+	int fd = socket(AF_INET, SOCK_STREAM, 0);
+	ck_assert_int_ge(fd, 0);
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(sa);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
+	close(fd);
+	return ntohs(sa.sin_port);
+}
+
+/* A server, and a sentinel, at host:port: err on every path. */
+static void server_and_sentinel_fail(const char *host, int port, int err)
+{
+	char url[96];
+	snprintf(url, sizeof(url), "redis://%s:%d", host, port);
+	allow_everywhere_fails(url, false, err);
+	snprintf(url, sizeof(url), "redis-sentinel://%s:%d/m", host, port);
+	allow_everywhere_fails(url, false, err);
+}
+
+START_TEST(test_closed_port)
+{
+	server_and_sentinel_fail("127.0.0.1", closed_port(), -ECONNREFUSED);
+}
+END_TEST
+
+/* Linux refuses TCP to a broadcast address with ENETUNREACH, whatever the routes. */
+START_TEST(test_network_unreachable)
+{
+	server_and_sentinel_fail("255.255.255.255", 6379, -ENETUNREACH);
+}
+END_TEST
+
+/* A server whose first bytes are no reply at all (hiredis: a protocol error). */
+START_TEST(test_garbage_server)
+{
+	struct fake f;
+	char sentinel[128];
+	sentinel_fake_greeting(&f, sentinel, sizeof(sentinel), "!garbage\r\n");
+	server_and_sentinel_fail("127.0.0.1", f.port, -EPROTO);
+	fake_stop(&f);
+}
+END_TEST
+
+/* A server, and a sentinel, that close each connection at its first command (EOF). */
+START_TEST(test_server_hangs_up)
+{
+	struct fake f;
+	fake_start(&f, NULL);
+	f.srv.hang_up = true;
+	fake_run_start(&f);
+	server_and_sentinel_fail("127.0.0.1", f.port, -ECONNRESET);
+	fake_stop(&f);
+}
+END_TEST
+
+/*
+ * Each kind of hiredis error, as hiredis and sigpipe.c record it (an
+ * errno's text after an optional "what: "), and its errno: the rows of
+ * docs/redis.md's fault table.
+ */
+START_TEST(test_conn_errno_table)
+{
+	static const struct {
+		int kind, errnum; /* errnum: the text's errno, 0 for text of its own */
+		const char *text;
+		int err;
+	} rows[] = {
+		{ REDIS_ERR_IO, ECONNREFUSED, "", -ECONNREFUSED },
+		{ REDIS_ERR_IO, ENOENT, "", -ENOENT },
+		{ REDIS_ERR_IO, EACCES, "", -EACCES },
+		{ REDIS_ERR_IO, ENETUNREACH, "", -ENETUNREACH },
+		{ REDIS_ERR_OTHER, EHOSTUNREACH, "Can't create socket: ", -EHOSTUNREACH },
+		{ REDIS_ERR_IO, ETIMEDOUT, "", -ETIME },
+		{ REDIS_ERR_IO, EAGAIN, "", -ETIME },
+		{ REDIS_ERR_IO, EINPROGRESS, "", -ETIME },
+		{ REDIS_ERR_IO, ECONNRESET, "", -ECONNRESET },
+		{ REDIS_ERR_IO, ECONNABORTED, "", -ECONNABORTED },
+		{ REDIS_ERR_IO, EPIPE, "", -EPIPE },
+		{ REDIS_ERR_IO, ENOTCONN, "", -ENOTCONN },
+		{ REDIS_ERR_IO, EBADF, "setsockopt(SO_RCVTIMEO): ", -ECONNRESET },
+		{ REDIS_ERR_OTHER, 0, "Name or service not known", -ECONNREFUSED },
+		{ REDIS_ERR_EOF, 0, "Server closed the connection", -ECONNRESET },
+		{ REDIS_ERR_PROTOCOL, 0, "Protocol error, got \"!\" as reply type byte", -EPROTO },
+		{ REDIS_ERR_OOM, 0, "Out of memory", -ENOMEM },
+	};
+	for (size_t i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+		redisContext c = { .err = rows[i].kind };
+		snprintf(c.errstr, sizeof(c.errstr), "%s%s", rows[i].text,
+			 rows[i].errnum != 0 ? strerror(rows[i].errnum) : "");
+		ck_assert_msg(tbr__conn_errno(&c) == rows[i].err, "\"%s\": %d, not %d", c.errstr,
+			      tbr__conn_errno(&c), rows[i].err);
+	}
+	ck_assert_int_eq(tbr__conn_errno(NULL), -ENOMEM);
+}
+END_TEST
+
 /* ---- No reply longer than any a call can have ----------------------- */
 
 /*
@@ -567,6 +679,11 @@ Suite *hostile_suite(void)
 	tcase_add_test(tc, test_trickled_reply);
 	tcase_add_test(tc, test_trickled_sentinel);
 	tcase_add_test(tc, test_moved_to_unreachable);
+	tcase_add_test(tc, test_closed_port);
+	tcase_add_test(tc, test_network_unreachable);
+	tcase_add_test(tc, test_garbage_server);
+	tcase_add_test(tc, test_server_hangs_up);
+	tcase_add_test(tc, test_conn_errno_table);
 	tcase_add_test(tc, test_huge_multibulk);
 	tcase_add_test(tc, test_huge_bulk);
 	tcase_add_test(tc, test_trickled_async);

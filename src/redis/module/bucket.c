@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * The script's general path (src/redis/tokenbucket.lua, "the general path")
+ * The script's general path (src/redis/script-2-general.lua, "the general path")
  * in 128-bit integers.  The script does the same arithmetic in doubles and
  * base-2^24 limbs, exact over the same ranges; every product here stays
  * below 2^128 (the bounds are noted where they are not plain): t - clock <
@@ -10,6 +10,7 @@
  */
 #include "bucket.h"
 #include "decimal.h"
+#include "span.h"
 
 #include <string.h>
 
@@ -81,12 +82,6 @@ static bool read_uint(const char *p, size_t n, uint64_t hi, uint64_t *out)
 	return true;
 }
 
-/* a - b for a >= b, exact in 64 bits. */
-static uint64_t tdiff(int64_t a, int64_t b)
-{
-	return (uint64_t)a - (uint64_t)b;
-}
-
 /* x / d and its remainder; one 64-bit division when x fits, as it does
  * for every rate and time but the extremes. */
 static u128 div_rem(u128 x, uint64_t d, uint64_t *r)
@@ -151,7 +146,7 @@ static void produce(struct bucket *b, int64_t t)
 		return;
 	if (b->sp != 0) {
 		/* < (2^64 - 1)^2 + 2^64 */
-		u128 x = (u128)tdiff(t, b->clock) * b->sp + b->rem;
+		u128 x = (u128)tb__span(t, b->clock) * b->sp + b->rem;
 		u128 k = div_rem(x, b->sq, &b->rem);
 		if (k != 0)
 			credit(b, k);
@@ -209,7 +204,7 @@ static bool reconfigure(struct bucket *b, int64_t now, uint64_t p, uint64_t q, u
 			/* The old fraction carries, rounded down to a ns of the new
 			 * rate, no further back than INT64_MIN + 1; carry * p < q. */
 			u128 carry = (u128)b->rem * q / ((u128)b->sq * p);
-			uint64_t room = tdiff(b->clock, INT64_MIN + 1);
+			uint64_t room = tb__span(b->clock, INT64_MIN + 1);
 			if (carry > room)
 				carry = room;
 			b->rem = (uint64_t)(carry * p);
@@ -291,7 +286,7 @@ static void fail(struct tbm_out *o, const char *e)
 static void expire_after(struct tbm_out *o, bool tm, int64_t full, int64_t clock)
 {
 	if (tm && full != NEVER) {
-		uint64_t w = tdiff(full, clock);
+		uint64_t w = tb__span(full, clock);
 		o->expire = true;
 		o->expire_ms = (int64_t)(w / 1000000 + (w % 1000000 != 0)) + 1000;
 	}
@@ -483,7 +478,7 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 				 * enough for a negative one. */
 				bool ok = xarg == INT64_MAX;
 				if (!ok && act != NEVER && xarg >= 0)
-					ok = tdiff(act, b.clock) <= (uint64_t)xarg;
+					ok = tb__span(act, b.clock) <= (uint64_t)xarg;
 				if (!ok)
 					code = 0;
 				else if (enough)

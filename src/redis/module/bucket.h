@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * One call of the tokenbucket script (src/redis/tokenbucket.lua), computed
+ * One call of the tokenbucket script (src/redis/script-*.lua), computed
  * in C on the same stored value, with the script's reply and error texts.
  * Pure: no Redis here, so that the arithmetic can be checked on its own.
  */
