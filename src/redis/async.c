@@ -545,12 +545,10 @@ static int start(struct tokenbucket_redis_async *a, const struct tokenbucket_red
 	return 0;
 }
 
-int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
-				  const struct tokenbucket_redis_call *call,
-				  tokenbucket_redis_done_fn *done, void *arg)
+int tbr__async_start_call(struct tokenbucket_redis_async *a, const struct tokenbucket_redis_call *call,
+			  tokenbucket_redis_done_fn *done, void *arg)
 {
-	if (a == NULL || call == NULL || done == NULL ||
-	    (unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL)
+	if ((unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL)
 		return -EINVAL;
 	if (call->op != TOKENBUCKET_REDIS_ALLOW_ALL)
 		return start(a, call, NULL, 0, NULL, done, arg);
@@ -558,6 +556,16 @@ int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
 	if (all->limits == NULL || all->count == 0 || all->count > TOKENBUCKET_SET_MAX)
 		return -EINVAL;
 	return start(a, call, all->limits, all->count, all->res, done, arg);
+}
+
+/* A lease's own ops (TBR__LEASE) are the library's: refused from outside. */
+int tokenbucket_redis_async_start(struct tokenbucket_redis_async *a,
+				  const struct tokenbucket_redis_call *call,
+				  tokenbucket_redis_done_fn *done, void *arg)
+{
+	if (a == NULL || call == NULL || done == NULL || (call->flags & TBR__LEASE))
+		return -EINVAL;
+	return tbr__async_start_call(a, call, done, arg);
 }
 
 /*

@@ -39,6 +39,9 @@ int tbr__async_open(struct tokenbucket_redis_async **ap, const struct tbr__async
  * locks are the parent's).
  */
 void tbr__async_forget(struct tokenbucket_redis_async *a);
+/* tokenbucket_redis_async_start for the library's own calls: flags as tbr__args takes them (TBR__LEASE). */
+int tbr__async_start_call(struct tokenbucket_redis_async *a, const struct tokenbucket_redis_call *call,
+			  tokenbucket_redis_done_fn *done, void *arg);
 
 /* Hooks (async_hook.h): due starts at INT64_MAX. */
 void tbr__async_hook_add(struct tokenbucket_redis_async *a, struct tbr__async_hook *h);

@@ -214,7 +214,7 @@ static void answered(void *arg, int err, const struct tokenbucket_result *res,
 /* Starts q's call on the engine: 0, or what the engine refused it with. */
 static int start(struct tbr__bridge *b, struct breq *q)
 {
-	return tokenbucket_redis_async_start(b->a, q->call, answered, q);
+	return tbr__async_start_call(b->a, q->call, answered, q);
 }
 
 /* Starts every queued call on the engine, in the order they were pushed. */

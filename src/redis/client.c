@@ -265,6 +265,15 @@ static int run(struct tokenbucket_redis *r, struct tokenbucket_redis_call *call,
 	return err;
 }
 
+int tbr__lease_call(struct tokenbucket_redis *r, const void *key, size_t keylen,
+		    const struct tokenbucket_redis_limit *lim, enum tokenbucket_redis_op op, uint64_t n,
+		    int64_t arg, struct tokenbucket_result *res)
+{
+	struct tokenbucket_redis_call call = { .op = op, .flags = TBR__LEASE, .key = key,
+					       .keylen = keylen, .limit = *lim, .n = n, .arg = arg };
+	return run(r, &call, res, NULL, NULL);
+}
+
 #define CALL(op_, at_, now_, n_, arg_) \
 	{ .op = (op_), .flags = (at_) ? TOKENBUCKET_REDIS_AT : 0, .key = key, .keylen = keylen, \
 	  .limit = *lim, .now = (now_), .n = (n_), .arg = (arg_) }

@@ -22,6 +22,10 @@ struct tbr__dependent {
 };
 
 /* Both are safe from any thread, but not during tokenbucket_redis_close. */
+/* A lease's own call (TBR__LEASE): op ALLOW (arg the window) or REFUND (arg the group). */
+int tbr__lease_call(struct tokenbucket_redis *r, const void *key, size_t keylen,
+		    const struct tokenbucket_redis_limit *lim, enum tokenbucket_redis_op op, uint64_t n,
+		    int64_t arg, struct tokenbucket_result *res);
 void tbr__client_attach(struct tokenbucket_redis *r, struct tbr__dependent *d);
 void tbr__client_detach(struct tokenbucket_redis *r, struct tbr__dependent *d);
 

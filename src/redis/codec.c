@@ -140,7 +140,7 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, in
 {
 	if (call == NULL || a == NULL || (call->key == NULL && call->keylen > 0))
 		return -EINVAL;
-	if (call->flags & ~(TOKENBUCKET_REDIS_AT | TOKENBUCKET_REDIS_EVAL))
+	if (call->flags & ~(TOKENBUCKET_REDIS_AT | TOKENBUCKET_REDIS_EVAL | TBR__LEASE))
 		return -EINVAL;
 	if (call->op == TOKENBUCKET_REDIS_ALLOW_ALL)
 		return args_all(call, a, via);
@@ -152,14 +152,19 @@ int tbr__args(const struct tokenbucket_redis_call *call, struct tbr__args *a, in
 		return err;
 	if (call->op == TOKENBUCKET_REDIS_RESET && call->n > lim->burst)
 		return -EINVAL;
-	put_head(call, a, via, op_names[call->op]);
+	bool lease = call->flags & TBR__LEASE;
+	if (lease && call->op != TOKENBUCKET_REDIS_ALLOW && call->op != TOKENBUCKET_REDIS_REFUND)
+		return -EINVAL;
+	put_head(call, a, via, !lease ? op_names[call->op]
+			       : call->op == TOKENBUCKET_REDIS_ALLOW ? "lease" : "giveback");
 	a->argc = TBR__ARGC - 1 - a->first;
 	put_limit(a, 6, 1, lim);
 	put_num(a, 9, 4, false, call->n);
-	bool has_arg = call->op == TOKENBUCKET_REDIS_RESERVE || call->op == TOKENBUCKET_REDIS_CANCEL;
+	bool has_arg = call->op == TOKENBUCKET_REDIS_RESERVE || call->op == TOKENBUCKET_REDIS_CANCEL ||
+		       lease;
 	put_num(a, 10, 5, true, has_arg ? (uint64_t)call->arg : 0);
 	/* An allow needs no decimal times: the script may reply in integers. */
-	if (via != TBR__VIA_MODULE && call->op == TOKENBUCKET_REDIS_ALLOW) {
+	if (via != TBR__VIA_MODULE && call->op == TOKENBUCKET_REDIS_ALLOW && !lease) {
 		put(a, 11, "1", 1);
 		a->argc++;
 	}
@@ -373,9 +378,10 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 		return tbr__error(rep->str, rep->len);
 	if (call->op == TOKENBUCKET_REDIS_ALLOW_ALL)
 		return decode_all(call, rep);
-	if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 4)
+	bool lease = (call->flags & TBR__LEASE) && call->op == TOKENBUCKET_REDIS_ALLOW;
+	if (rep->type == REDIS_REPLY_ARRAY && rep->elements == 4 && !lease)
 		return decode_compact(call, rep, res);
-	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != 7 ||
+	if (rep->type != REDIS_REPLY_ARRAY || rep->elements != (lease ? 8u : 7u) ||
 	    rep->element[0]->type != REDIS_REPLY_INTEGER)
 		return -EPROTO;
 	long long code = rep->element[0]->integer;
@@ -391,6 +397,11 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 	if (level > 0 && (uint64_t)level > burst)
 		return -EPROTO;
 	bool decides = call->op == TOKENBUCKET_REDIS_ALLOW || call->op == TOKENBUCKET_REDIS_RESERVE;
+	int64_t group = 0;
+	/* A lease's group expires after the decision, if at all (INT64_MAX - 1 at most). */
+	if (lease && (!read_int(rep->element[7], INT64_MIN, &group) || group < now ||
+		      (code == 1 && call->n > 0 && group == now)))
+		return -EPROTO;
 	if (res != NULL) {
 		*res = (struct tokenbucket_result){
 			.allowed = decides ? code == 1 : level >= 1,
@@ -399,6 +410,10 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 			.retry_after_ns = until(act, now),
 			.reset_after_ns = until(full, now),
 		};
+		if (lease && code == 1) {
+			res->retry_after_ns = group;
+			res->reset_after_ns = until(group, now);
+		}
 	}
 	int err = 0;
 	switch (call->op) {
@@ -434,7 +449,8 @@ int tbr__decode(const struct tokenbucket_redis_call *call, const redisReply *rep
 int tokenbucket_redis_format(const struct tokenbucket_redis_call *call, char **cmd, size_t *len)
 {
 	struct tbr__args a;
-	if (cmd == NULL || len == NULL || (call != NULL && (unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL))
+	if (cmd == NULL || len == NULL ||
+	    (call != NULL && ((unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL || (call->flags & TBR__LEASE))))
 		return -EINVAL;
 	int err = tbr__args(call, &a, false);
 	if (err != 0)
@@ -453,7 +469,7 @@ int tokenbucket_redis_parse(const struct tokenbucket_redis_call *call, const cha
 			    struct tokenbucket_reservation *rv, double *tokens)
 {
 	if (call == NULL || (buf == NULL && len > 0) || used == NULL ||
-	    (unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL)
+	    (unsigned)call->op > TOKENBUCKET_REDIS_ALLOW_ALL || (call->flags & TBR__LEASE))
 		return -EINVAL;
 	/* A several-limits decision is decoded here, then handed to the caller's res. */
 	struct tokenbucket_redis_call_all all;

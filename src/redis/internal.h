@@ -77,6 +77,17 @@ static inline struct tokenbucket_result tbr__result_of_set(const struct tokenbuc
 }
 
 /*
+ * A lease's own calls (docs/leases.md, "Safety"), never a caller's: with
+ * this flag, ALLOW goes as the script's op "lease" (arg: the window in
+ * ns) and REFUND as "giveback" (arg: the group's expiry, as the lease was
+ * told).  A granted lease's result then says its group in the fields a
+ * grant does not use: retry_after_ns the group's expiry on the server's
+ * clock, reset_after_ns the time from the decision to it.  The public
+ * entry points that take a call from the caller refuse the flag.
+ */
+#define TBR__LEASE (1u << 30)
+
+/*
  * How a call goes: EVALSHA (or EVAL) of the script, TOKENBUCKET.CALL of the
  * module, or FCALL of the function library's function (from argv[0], as
  * the script's: FCALL name 1 key op ...).

@@ -4,11 +4,13 @@
  * chunk at a time and spent from a local core bucket.
  *
  * The local bucket has rate 0, so only tokenbucket_refund() adds to it and
- * time means nothing to it (every call passes the time 0, reading no
- * clock).  Only the lease's thread adds tokens, and it adds only what it
- * took from Redis; callers only take.  So the tokens granted locally never
- * exceed those taken from the shared bucket less those given back, which
- * is the whole safety argument.
+ * time means nothing to it (every call passes the time 0).  Only the
+ * lease's thread adds tokens, and it adds only what it took from Redis;
+ * callers only take.  Each take went into a lease group of the shared
+ * bucket, which counts it as held until the group expires; the lease
+ * uses it only until then (the chunks of lease_refill.c, checked before
+ * every take), so what it can grant is always within what the shared
+ * bucket counts as held (docs/leases.md, "Safety").
  *
  * Reservations queue for tokens the lease does not hold yet.  Every token
  * that lands (a refill, a cancelled reservation's covered part, held-over
@@ -65,16 +67,38 @@ static void nap(struct tokenbucket_redis_lease *l, int64_t ns)
 
 static int give_back(struct tokenbucket_redis_lease *l, bool all)
 {
-	uint64_t total = tbr__lease_collect(l, all);
-	/* In pieces of at most a burst: the server refuses more in one (2 cap may exceed it). */
-	const struct tokenbucket_limit lim = { l->lim.tokens, l->lim.period_ns, l->lim.burst };
+	struct give g[LEASE_CHUNKS];
+	size_t k = tbr__lease_collect_groups(l, all, g);
+	/* Each naming its group, in pieces of at most a burst: the server
+	 * refuses more in one (2 cap may exceed it). */
 	int err = 0;
-	while (total > 0 && err == 0) {
-		uint64_t piece = total < l->lim.burst ? total : l->lim.burst;
-		err = tokenbucket_redis_refund(l->r, l->key, l->keylen, &lim, piece);
-		total -= piece;
+	for (size_t i = 0; i < k && err == 0; i++) {
+		while (g[i].n > 0 && err == 0) {
+			uint64_t piece = g[i].n < l->lim.burst ? g[i].n : l->lim.burst;
+			err = tbr__lease_call(l->r, l->key, l->keylen, &l->lim, TOKENBUCKET_REDIS_REFUND,
+					      piece, g[i].group, NULL);
+			g[i].n -= piece;
+		}
 	}
 	return err;
+}
+
+/* Gives back what chunks due soon still have (tbr__lease_collect_due); when the next is due. */
+static int64_t give_due(struct tokenbucket_redis_lease *l)
+{
+	struct give g[LEASE_CHUNKS];
+	int64_t next;
+	size_t k = tbr__lease_collect_due(l, tbr__lease_mono_ns(), g, &next);
+	int err = 0;
+	for (size_t i = 0; i < k && err == 0; i++) {
+		while (g[i].n > 0 && err == 0) {
+			uint64_t piece = g[i].n < l->lim.burst ? g[i].n : l->lim.burst;
+			err = tbr__lease_call(l->r, l->key, l->keylen, &l->lim, TOKENBUCKET_REDIS_REFUND,
+					      piece, g[i].group, NULL);
+			g[i].n -= piece;
+		}
+	}
+	return next;
 }
 
 /* One refill on the lease's thread, its round trips blocking. */
@@ -94,12 +118,14 @@ static void refill(struct tokenbucket_redis_lease *l)
 	if (!tbr__lease_refill_plan(l, t0, &want))
 		return;
 	struct tokenbucket_result res;
-	int err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
+	int err = tbr__lease_call(l->r, l->key, l->keylen, &l->lim, TOKENBUCKET_REDIS_ALLOW, want,
+				  l->life_ns, &res);
 	bool contended = err == 0 && tbr__lease_contended_by(&res, want);
 	if (err == 0 && !res.allowed && res.remaining > 0) {
 		/* Fewer than a chunk there: take what is, in a second try. */
 		want = res.remaining < want ? res.remaining : want;
-		err = tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, want, &res);
+		err = tbr__lease_call(l->r, l->key, l->keylen, &l->lim, TOKENBUCKET_REDIS_ALLOW, want,
+				      l->life_ns, &res);
 	}
 	int64_t t1 = tbr__lease_mono_ns();
 	if (tbr__lease_refill_landed(l, err, &res, want, t0, t1, contended) != 0) {
@@ -113,6 +139,7 @@ static void refill(struct tokenbucket_redis_lease *l)
 static void *run(void *arg)
 {
 	struct tokenbucket_redis_lease *l = arg;
+	int64_t quiet_at = tbr__lease_mono_ns() + l->window_ns;
 	pthread_mutex_lock(&l->mu);
 	while (!l->stop) {
 		if (atomic_load_explicit(&l->wanted, memory_order_relaxed)) {
@@ -121,9 +148,16 @@ static void *run(void *arg)
 			pthread_mutex_lock(&l->mu);
 			continue;
 		}
-		nap(l, l->window_ns);
+		pthread_mutex_unlock(&l->mu);
+		int64_t due = give_due(l), now = tbr__lease_mono_ns();
+		pthread_mutex_lock(&l->mu);
 		if (l->stop || atomic_load_explicit(&l->wanted, memory_order_relaxed))
 			continue;
+		nap(l, (due < quiet_at ? due : quiet_at) - now);
+		now = tbr__lease_mono_ns();
+		if (l->stop || atomic_load_explicit(&l->wanted, memory_order_relaxed) || now < quiet_at)
+			continue;
+		quiet_at = now + l->window_ns;
 		/* A whole window without a call: the key is quiet, its tokens go
 		 * back and the next lease starts small. */
 		if (!atomic_exchange_explicit(&l->busy, false, memory_order_relaxed) &&
@@ -197,6 +231,7 @@ int tokenbucket_redis_lease_allow(struct tokenbucket_redis_lease *l, uint64_t n,
 		return tokenbucket_redis_allow(l->r, l->key, l->keylen, &l->lim, n, res);
 	}
 	struct tokenbucket_result lr;
+	tbr__lease_expire_due(l);
 	tokenbucket_allow_result_at(l->local, 0, n, &lr);
 	if (!atomic_load_explicit(&l->busy, memory_order_relaxed))
 		atomic_store_explicit(&l->busy, true, memory_order_relaxed);
@@ -223,6 +258,7 @@ int tokenbucket_redis_lease_tokens(struct tokenbucket_redis_lease *l, uint64_t *
 {
 	if (l == NULL || tokens == NULL)
 		return -EINVAL;
+	tbr__lease_expire_due(l);
 	*tokens = tbr__lease_held(l);
 	return atomic_load_explicit(&l->err, memory_order_relaxed);
 }
@@ -311,6 +347,7 @@ static int reserve(struct tokenbucket_redis_lease *l, uint64_t n, int64_t max_wa
 		return -ETIMEDOUT;
 	int64_t now = tokenbucket_now();
 	atomic_store_explicit(&l->busy, true, memory_order_relaxed);
+	tbr__lease_expire_due(l);
 	pthread_mutex_lock(&l->rmu);
 	/* Nobody queued: the tokens held serve at once, as an allow would. */
 	if (l->missing == 0 && (n == 0 || tokenbucket_allow_at(l->local, 0, n))) {
@@ -440,9 +477,13 @@ static int cancel(struct tokenbucket_redis_lease *l, struct tokenbucket_reservat
 		free(p);
 	}
 	rv->tokens = 0;
-	/* After the client closed, everything went back already: nothing lands. */
-	if (!atomic_load_explicit(&l->ended, memory_order_acquire))
+	/* After the client closed, everything went back already: nothing lands.
+	 * What lands counts against the live chunks as any token the lease
+	 * holds: covered tokens whose chunk is gone are forfeited. */
+	if (!atomic_load_explicit(&l->ended, memory_order_acquire)) {
 		tbr__lease_credit(l, back);
+		tbr__lease_settle(l, tbr__lease_mono_ns());
+	}
 	pthread_mutex_unlock(&l->rmu);
 	return 0;
 }

@@ -28,26 +28,31 @@ static void dropped(void *arg, int err, const struct tokenbucket_result *res,
 	(void)arg, (void)err, (void)res, (void)rv, (void)tokens;
 }
 
-/* A refund of n (at most a burst) through the asynchronous client: started, not awaited. */
-static int refund_async(struct tokenbucket_redis_lease *l, uint64_t n)
+/* A give-back of n (at most a burst) of group through the asynchronous client: started, not awaited. */
+static int refund_async(struct tokenbucket_redis_lease *l, uint64_t n, int64_t group)
 {
 	struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_REFUND,
+					    .flags = TBR__LEASE,
 					    .key = l->key,
 					    .keylen = l->keylen,
 					    .limit = l->lim,
-					    .n = n };
-	return tokenbucket_redis_async_start(l->a, &c, dropped, NULL);
+					    .n = n,
+					    .arg = group };
+	return tbr__async_start_call(l->a, &c, dropped, NULL);
 }
 
-/* give_back through the asynchronous client, in pieces of at most a burst as give_back's. */
+/* give_back through the asynchronous client, each group in pieces of at most a burst as give_back's. */
 int tbr__lease_give_back_async(struct tokenbucket_redis_lease *l, bool all)
 {
-	uint64_t total = tbr__lease_collect(l, all);
+	struct give g[LEASE_CHUNKS];
+	size_t k = tbr__lease_collect_groups(l, all, g);
 	int err = 0;
-	while (total > 0 && err == 0) {
-		uint64_t piece = total < l->lim.burst ? total : l->lim.burst;
-		err = refund_async(l, piece);
-		total -= piece;
+	for (size_t i = 0; i < k && err == 0; i++) {
+		while (g[i].n > 0 && err == 0) {
+			uint64_t piece = g[i].n < l->lim.burst ? g[i].n : l->lim.burst;
+			err = refund_async(l, piece, g[i].group);
+			g[i].n -= piece;
+		}
 	}
 	return err;
 }
@@ -56,6 +61,10 @@ int tbr__lease_give_back_async(struct tokenbucket_redis_lease *l, bool all)
 void tbr__lease_async_schedule(struct tokenbucket_redis_lease *l)
 {
 	int64_t due = l->quiet_at;
+	/* a chunk due: a quarter of its life before its deadline (tbr__lease_collect_due) */
+	int64_t d = atomic_load_explicit(&l->next_deadline, memory_order_acquire);
+	if (d != INT64_MAX && d - l->life_ns / 4 < due)
+		due = d - l->life_ns / 4;
 	if (atomic_load_explicit(&l->wanted, memory_order_relaxed) && !l->inflight &&
 	    l->next_refill < due)
 		due = l->next_refill; /* in the past: as soon as the loop can */
@@ -69,11 +78,13 @@ static void on_refill(void *arg, int err, const struct tokenbucket_result *res,
 static int refill_start(struct tokenbucket_redis_lease *l, uint64_t want, bool second)
 {
 	struct tokenbucket_redis_call c = { .op = TOKENBUCKET_REDIS_ALLOW,
+					    .flags = TBR__LEASE,
 					    .key = l->key,
 					    .keylen = l->keylen,
 					    .limit = l->lim,
-					    .n = want };
-	int err = tokenbucket_redis_async_start(l->a, &c, on_refill, l);
+					    .n = want,
+					    .arg = l->life_ns };
+	int err = tbr__async_start_call(l->a, &c, on_refill, l);
 	if (err == 0) {
 		l->inflight = true;
 		l->second = second;
@@ -109,7 +120,7 @@ static void on_refill(void *arg, int err, const struct tokenbucket_result *res,
 	if (l->closing) {
 		/* Closed meanwhile: what this call took goes straight back. */
 		if (err == 0 && res->allowed && !(res->flags & TOKENBUCKET_RESULT_LOCAL))
-			refund_async(l, want); /* want <= cap <= burst */
+			refund_async(l, want, res->retry_after_ns); /* want <= cap <= burst */
 		tbr__lease_free(l);
 		return;
 	}
@@ -131,11 +142,22 @@ static void on_refill(void *arg, int err, const struct tokenbucket_result *res,
 	tbr__lease_async_schedule(l);
 }
 
-/* The lease's hook: a refill wanted and due, a window gone by. */
+/* The lease's hook: a refill wanted and due, a chunk due, a window gone by. */
 static void lease_fire(struct tbr__async_hook *h)
 {
 	struct tokenbucket_redis_lease *l = lease_of_hook(h);
 	int64_t now = tbr__lease_mono_ns();
+	struct give g[LEASE_CHUNKS];
+	int64_t next;
+	size_t k = tbr__lease_collect_due(l, now, g, &next);
+	for (size_t i = 0; i < k; i++) {
+		while (g[i].n > 0) {
+			uint64_t piece = g[i].n < l->lim.burst ? g[i].n : l->lim.burst;
+			if (refund_async(l, piece, g[i].group) != 0)
+				break;
+			g[i].n -= piece;
+		}
+	}
 	if (now >= l->quiet_at) {
 		/* A whole window without a call: the key is quiet, its tokens go
 		 * back and the next lease starts small (as run() does). */

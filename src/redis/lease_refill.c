@@ -21,6 +21,15 @@ int64_t tbr__lease_mono_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* The coarse clock's step: it lags the monotonic clock by less. */
+static int64_t coarse_step(void)
+{
+	struct timespec ts;
+	if (clock_getres(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+		return 0;
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 /* Whole tokens held locally (the level of a rate-0 bucket is whole). */
 uint64_t tbr__lease_held(struct tokenbucket_redis_lease *l)
 {
@@ -71,6 +80,119 @@ void tbr__lease_credit(struct tokenbucket_redis_lease *l, uint64_t x)
 	}
 }
 
+/* Takes up to x held tokens out of local; what it took. */
+static uint64_t take_held(struct tokenbucket_redis_lease *l, uint64_t x)
+{
+	for (;;) {
+		uint64_t h = tbr__lease_held(l);
+		uint64_t t = h < x ? h : x;
+		if (t == 0 || tokenbucket_allow_at(l->local, 0, t))
+			return t;
+		/* a caller took some meanwhile */
+	}
+}
+
+/*
+ * Takes up to x of what the lease can grant: from overflow, then local,
+ * then the credit of queued reservations, the latest first (they miss it
+ * again).  rmu held; what it took.
+ */
+static uint64_t withdraw(struct tokenbucket_redis_lease *l, uint64_t x)
+{
+	uint64_t want = x;
+	uint64_t o = l->overflow < x ? l->overflow : x;
+	l->overflow -= o, x -= o;
+	if (l->overflow == 0)
+		atomic_store_explicit(&l->has_overflow, false, memory_order_relaxed);
+	x -= take_held(l, x);
+	while (x > 0 && l->assigned > 0) {
+		struct pending *last = NULL;
+		for (struct pending *p = l->queue; p != NULL; p = p->next)
+			if (p->n > p->need)
+				last = p;
+		if (last == NULL)
+			break;
+		uint64_t t = last->n - last->need < x ? last->n - last->need : x;
+		last->need += t, l->missing += t, l->assigned -= t, x -= t;
+	}
+	return want - x;
+}
+
+/*
+ * The chunks brought up to date at now (rmu held): those past their
+ * deadline go, and if the lease could then grant more than the live ones
+ * count (what the server still counts as leased), the excess is
+ * forfeited.  So what the lease can grant never exceeds what its live
+ * groups hold in the shared bucket (docs/leases.md, "Safety"); which
+ * chunk a spent token came from does not matter.
+ */
+void tbr__lease_settle(struct tokenbucket_redis_lease *l, int64_t now)
+{
+	uint64_t can = l->overflow + tbr__lease_held(l) + l->assigned, live = 0;
+	int k = 0;
+	for (int i = 0; i < l->nchunks; i++) {
+		if (l->chunks[i].count > 0 && l->chunks[i].deadline > now) {
+			l->chunks[k++] = l->chunks[i];
+			live += l->chunks[i].count;
+		}
+	}
+	l->nchunks = k;
+	if (can > live)
+		withdraw(l, can - live);
+	atomic_store_explicit(&l->next_deadline, k > 0 ? l->chunks[0].deadline : INT64_MAX,
+			      memory_order_release);
+}
+
+/*
+ * Callers' check before they take: a chunk past its deadline is settled
+ * first.  The coarse clock (cheaper) lags the monotonic one by less than
+ * its step, so only within a step of the deadline is the exact clock read.
+ */
+void tbr__lease_expire_due(struct tokenbucket_redis_lease *l)
+{
+	int64_t due = atomic_load_explicit(&l->next_deadline, memory_order_acquire);
+	if (due == INT64_MAX)
+		return;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+	if ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec < due - l->coarse_step)
+		return;
+	int64_t now = tbr__lease_mono_ns();
+	if (now < due)
+		return;
+	pthread_mutex_lock(&l->rmu);
+	tbr__lease_settle(l, now);
+	pthread_mutex_unlock(&l->rmu);
+}
+
+/* A grant of x into group, usable until deadline: the chunk it joins or starts. rmu held. */
+static void add_chunk(struct tokenbucket_redis_lease *l, uint64_t x, int64_t group,
+		      int64_t deadline, int64_t now)
+{
+	tbr__lease_settle(l, now);
+	for (int i = 0; i < l->nchunks; i++) {
+		if (l->chunks[i].group == group) {
+			l->chunks[i].count += x;
+			if (deadline < l->chunks[i].deadline)
+				l->chunks[i].deadline = deadline; /* the earlier: still sorted */
+			goto placed;
+		}
+	}
+	if (l->nchunks == LEASE_CHUNKS) {
+		/* No slot: the first chunk goes early, which is never late. */
+		l->chunks[0].deadline = INT64_MIN;
+		tbr__lease_settle(l, now);
+	}
+	int i = l->nchunks++;
+	while (i > 0 && l->chunks[i - 1].deadline > deadline) {
+		l->chunks[i] = l->chunks[i - 1];
+		i--;
+	}
+	l->chunks[i] = (struct chunk){ .count = x, .deadline = deadline, .group = group };
+placed:
+	atomic_store_explicit(&l->next_deadline, l->chunks[0].deadline, memory_order_release);
+}
+
 /*
  * Gives back to the shared bucket every token held locally and in
  * overflow, and with all (the lease ends), those credited to queued
@@ -92,15 +214,75 @@ uint64_t tbr__lease_collect(struct tokenbucket_redis_lease *l, bool all)
 		l->assigned = 0;
 	}
 	pthread_mutex_unlock(&l->rmu);
-	for (;;) {
-		uint64_t h = tbr__lease_held(l);
-		if (h == 0 || tokenbucket_allow_at(l->local, 0, h)) {
-			total += h;
-			break;
-		}
-		/* a caller took some meanwhile */
+	return total + take_held(l, UINT64_MAX);
+}
+
+/*
+ * What must go back before the chunks due by now (a quarter of their life before
+ * their deadline) expire: what the lease can grant beyond what the other
+ * chunks count, each piece naming a due chunk's group, the earliest first
+ * (so that an idle lease loses nothing to expiry).  Taken from the lease;
+ * the count of pieces.  *next: when the next chunk falls due (INT64_MAX:
+ * none).
+ */
+size_t tbr__lease_collect_due(struct tokenbucket_redis_lease *l, int64_t now,
+			      struct give out[LEASE_CHUNKS], int64_t *next)
+{
+	int64_t guard = l->life_ns / 4;
+	size_t k = 0;
+	pthread_mutex_lock(&l->rmu);
+	tbr__lease_settle(l, now);
+	*next = INT64_MAX;
+	int due = 0;
+	uint64_t rest = 0;
+	for (int i = 0; i < l->nchunks; i++) {
+		if (l->chunks[i].deadline - guard <= now)
+			due = i + 1;
+		else
+			rest += l->chunks[i].count;
 	}
-	return total;
+	if (due < l->nchunks)
+		*next = l->chunks[due].deadline - guard;
+	uint64_t can = l->overflow + tbr__lease_held(l) + l->assigned;
+	uint64_t excess = can > rest ? can - rest : 0;
+	for (int i = 0; i < due && excess > 0; i++) {
+		struct chunk *c = &l->chunks[i];
+		uint64_t t = withdraw(l, c->count < excess ? c->count : excess);
+		if (t > 0)
+			out[k++] = (struct give){ .group = c->group, .n = t };
+		c->count -= t, excess -= t;
+	}
+	tbr__lease_settle(l, now);
+	bool more = l->missing > 0;
+	pthread_mutex_unlock(&l->rmu);
+	if (k > 0 && more)
+		atomic_store_explicit(&l->wanted, true, memory_order_relaxed);
+	return k;
+}
+
+/*
+ * tbr__lease_collect, each token named by a live chunk's group (settle
+ * keeps them enough), into out; the count of pieces.
+ */
+size_t tbr__lease_collect_groups(struct tokenbucket_redis_lease *l, bool all,
+				 struct give out[LEASE_CHUNKS])
+{
+	pthread_mutex_lock(&l->rmu);
+	tbr__lease_settle(l, tbr__lease_mono_ns());
+	pthread_mutex_unlock(&l->rmu);
+	uint64_t total = tbr__lease_collect(l, all);
+	pthread_mutex_lock(&l->rmu);
+	size_t k = 0;
+	for (int i = 0; i < l->nchunks && total > 0; i++) {
+		struct chunk *c = &l->chunks[i];
+		uint64_t t = c->count < total ? c->count : total;
+		if (t > 0)
+			out[k++] = (struct give){ .group = c->group, .n = t };
+		c->count -= t, total -= t;
+	}
+	tbr__lease_settle(l, tbr__lease_mono_ns());
+	pthread_mutex_unlock(&l->rmu);
+	return k;
 }
 
 /* Whether the lease should ask for more now: reservations wait, or fewer than low held. rmu held. */
@@ -223,6 +405,11 @@ int tbr__lease_refill_landed(struct tokenbucket_redis_lease *l, int err,
 	atomic_store_explicit(&l->low, l->chunk / 2 + 1, memory_order_relaxed);
 	atomic_store_explicit(&l->retry_ns, t1 - t0, memory_order_relaxed);
 	pthread_mutex_lock(&l->rmu);
+	/* The chunk's deadline: its group's lifetime from t0, before the
+	 * request left (a lease's result: tbr__lease_call). */
+	int64_t dur = res->reset_after_ns;
+	int64_t deadline = dur >= INT64_MAX - t0 ? INT64_MAX - 1 : t0 + dur;
+	add_chunk(l, want, res->retry_after_ns, deadline, t1);
 	tbr__lease_credit(l, want);
 	bool more = l->missing > 0;
 	pthread_mutex_unlock(&l->rmu);
@@ -303,6 +490,23 @@ int tbr__lease_new(struct tokenbucket_redis_lease **lp, const void *key, size_t 
 	l->floor = cap / 64 > 0 ? cap / 64 : 1;
 	l->chunk = l->floor;
 	l->window_ns = window_ns;
+	/* A chunk's group lives eight windows, time to spend a chunk sized to
+	 * a window's demand with room to spare, but at most burst / (2 rate):
+	 * spent tokens count against the shared bucket until their group
+	 * expires, and so the leases' spending at the full rate holds at most
+	 * half the burst (docs/leases.md, "The cost"). */
+	l->life_ns = window_ns <= LEASE_WINDOW_MAX / 8 ? 8 * window_ns : window_ns;
+	/* At rate 0 nothing refills the headroom anyway: a chunk lives long. */
+	if (lim->tokens == 0)
+		l->life_ns = LEASE_WINDOW_MAX;
+	if (lim->tokens > 0) {
+		long double h = (long double)lim->burst * (long double)lim->period_ns /
+				(2 * (long double)lim->tokens);
+		if (h < (long double)l->life_ns)
+			l->life_ns = h >= 1 ? (int64_t)h : 1;
+	}
+	l->coarse_step = coarse_step();
+	atomic_init(&l->next_deadline, INT64_MAX);
 	l->rng = ((uint64_t)(uintptr_t)l ^ (uint64_t)tbr__lease_mono_ns()) | 1;
 	atomic_init(&l->wanted, true); /* the first lease is taken at once */
 	atomic_init(&l->busy, true);

@@ -21,6 +21,26 @@
 /* The longest window a lease takes: its sleeps and cadence stay far from overflow. */
 #define LEASE_WINDOW_MAX (INT64_C(3600) * 1000000000)
 
+/* The chunks a lease tracks at once (the server keeps 4 groups live). */
+#define LEASE_CHUNKS 8
+
+/*
+ * Tokens the shared bucket granted into one of its lease groups: usable
+ * until deadline, on this process's monotonic clock, timed from before
+ * the request was sent, so never after the server's expiry of the group.
+ */
+struct chunk {
+	uint64_t count;   /* the group's count as the server keeps it, of this lease's */
+	int64_t deadline; /* mono_ns */
+	int64_t group;    /* the group's expiry on the server's clock: its name */
+};
+
+/* A piece of a give-back: n tokens of the group named. */
+struct give {
+	int64_t group;
+	uint64_t n;
+};
+
 /* A reservation still missing tokens, in the lease's queue. */
 struct pending {
 	struct pending *next;
@@ -39,6 +59,7 @@ struct tokenbucket_redis_lease {
 	uint64_t cap;              /* the most one round trip takes */
 	uint64_t floor;            /* the least one asks for */
 	int64_t window_ns;
+	int64_t life_ns;           /* a chunk's group's, asked of the server */
 
 	pthread_t thread;
 	pthread_mutex_t mu;
@@ -59,6 +80,10 @@ struct tokenbucket_redis_lease {
 	uint64_t overflow; /* taken from Redis, not granted, with no room in local */
 	uint64_t tickets;  /* reservations made that missed tokens */
 	atomic_bool has_overflow;
+	struct chunk chunks[LEASE_CHUNKS]; /* deadline ascending */
+	int nchunks;
+	int64_t coarse_step; /* CLOCK_MONOTONIC_COARSE's, which lags by less */
+	atomic_int_least64_t next_deadline; /* the first chunk's deadline, INT64_MAX: none */
 
 	struct tbr__dependent dep; /* on r's list while the lease is attached */
 	atomic_bool ended;         /* the client closed: r is gone, nothing lands */
@@ -83,6 +108,12 @@ struct tokenbucket_redis_lease {
 
 /* lease_refill.c */
 int64_t tbr__lease_mono_ns(void);
+void tbr__lease_settle(struct tokenbucket_redis_lease *l, int64_t now);
+void tbr__lease_expire_due(struct tokenbucket_redis_lease *l);
+size_t tbr__lease_collect_due(struct tokenbucket_redis_lease *l, int64_t now,
+			      struct give out[LEASE_CHUNKS], int64_t *next);
+size_t tbr__lease_collect_groups(struct tokenbucket_redis_lease *l, bool all,
+				 struct give out[LEASE_CHUNKS]);
 uint64_t tbr__lease_held(struct tokenbucket_redis_lease *l);
 void tbr__lease_credit(struct tokenbucket_redis_lease *l, uint64_t x);
 uint64_t tbr__lease_collect(struct tokenbucket_redis_lease *l, bool all);

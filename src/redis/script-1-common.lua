@@ -127,7 +127,7 @@ elseif nargs == 8 then
 	compact = compact == "1" and op == "allow"
 end
 if op ~= "allow" and op ~= "reserve" and op ~= "cancel" and op ~= "refund" and op ~= "tokens"
-	and op ~= "reset" and not several then
+	and op ~= "reset" and op ~= "lease" and op ~= "giveback" and not several then
 	return redis.error_reply("ERR tokenbucket: bad op")
 end
 -- The server's clock is read once, whichever path decides.
@@ -171,6 +171,10 @@ if th and (th < 1 or tl >= BIL or th > 9223372036 or (th == 9223372036 and tl >=
 	th = nil
 end
 local common = op ~= "reset" and not several
+-- lease and giveback keep lease groups: the general path's alone
+if op == "lease" or op == "giveback" then
+	common = false
+end
 if common then
 	repeat
 		local a, b, u, ns = ARGV[3], ARGV[4], ARGV[5], ARGV[6]

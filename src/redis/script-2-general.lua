@@ -416,8 +416,24 @@ end
 -- The bucket being decided: its clock, whole tokens and debt (one of them
 -- 0), the fraction rem/sq, the rate sp per sq and the burst sb.
 local clock, tok, debt, rem, sp, sq, sb
+-- Its lease groups, expiry ascending, each after clock: { expiry, count }
+-- (docs/leases.md, "Safety"); none for a "tb1" value.
+local gs = {}
 
--- Adds k tokens, paying debt first, within burst.
+-- What production may fill the level to: burst less what live leases hold.
+local function top()
+	local o = 0
+	for i = 1, #gs do
+		o = padd(o, gs[i][2])
+	end
+	if pcmp(o, sb) >= 0 then
+		return 0
+	end
+	return psub(sb, o)
+end
+
+-- Adds k tokens, paying debt first, within top(); a level already above
+-- it is not cut, only not filled.
 local function credit(k)
 	if debt ~= 0 then
 		if pcmp(k, debt) <= 0 then
@@ -426,16 +442,20 @@ local function credit(k)
 		end
 		k, debt = psub(k, debt), 0
 	end
-	if pcmp(k, psub(sb, tok)) < 0 then
+	local cap = top()
+	if pcmp(tok, cap) >= 0 then
+		return
+	end
+	if pcmp(k, psub(cap, tok)) < 0 then
 		tok = padd(tok, k)
 	else
-		tok = sb
+		tok = cap
 	end
 end
 
 -- Credits what the rate produced from clock to t: ((t - clock) p + rem) / q
 -- whole tokens, the remainder carried.  An earlier t changes nothing.
-local function advance(t)
+local function produce(t)
 	if tcmp(t, clock) <= 0 then
 		return
 	end
@@ -447,6 +467,16 @@ local function advance(t)
 		end
 	end
 	clock = t
+end
+
+-- produce() in pieces: up to each lease group's expiry under the cap in
+-- force, the group dropped there.  The pieces produce what one span would.
+local function advance(t)
+	while #gs > 0 and tcmp(gs[1][1], t) <= 0 do
+		produce(gs[1][1])
+		table.remove(gs, 1)
+	end
+	produce(t)
 end
 
 -- The first time >= clock when d more tokens are produced, or nil (never):
@@ -648,6 +678,100 @@ if several then
 	return allow_all()
 end
 
+-- ---- Lease groups (the "tbl1" value) ---------------------------------------------
+-- "tbl1 clock level rem p q burst" then " expiry count" for each of 1 to 4
+-- groups, expiry ascending: tokens leases took, usable until the expiry
+-- (tokenbucket-redis(7), docs/leases.md "Safety").  Production and every
+-- op fill the level only up to burst less the live groups' counts.
+
+-- The text after a value's burst into gs, checked: nothing for "tb1",
+-- 1 to 4 pairs for "tbl1", expiries strictly ascending and neither
+-- INT64_MIN nor INT64_MAX, counts 1 to 2^62; false otherwise.
+local function read_groups(kind, more)
+	gs = {}
+	if kind == "tb1" then
+		return more == ""
+	end
+	local pos, prev = 1, nil
+	while pos <= #more do
+		local _, b, e, c = find(more, "^ (%-?%d+) (%d+)", pos)
+		if not b or #gs == 4 then
+			return false
+		end
+		e, c = readint(e), unsigned(c, T62)
+		if not e or not c or c == 0 or tcmp(e, TMIN) == 0 or tcmp(e, TMAX) == 0
+			or (prev and tcmp(e, prev) <= 0) then
+			return false
+		end
+		gs[#gs + 1], prev, pos = { e, c }, e, b + 1
+	end
+	return #gs > 0
+end
+
+-- Drops the groups expired by the stored clock; true (for the checks' chain).
+local function live_groups()
+	while #gs > 0 and tcmp(gs[1][1], clock) <= 0 do
+		table.remove(gs, 1)
+	end
+	return true
+end
+
+-- A lease's grant of n (taken from the level already) into a group: the
+-- latest if it lives half a window more, else a new one living a window
+-- (then the latest), else with 4 taken the latest.  Groups never move, so
+-- a chunk stays in the group it was told.  Returns the group's expiry.
+local function lease_take(n, w)
+	local half = tadd_small(clock, floor(w / 2)) or { TMAX[1], TMAX[2] - 1 }
+	local k = #gs
+	if k == 0 or (tcmp(gs[k][1], half) < 0 and k < 4) then
+		k = k + 1
+		gs[k] = { tadd_small(clock, w) or { TMAX[1], TMAX[2] - 1 }, 0 }
+	end
+	gs[k][2] = padd(gs[k][2], n)
+	return gs[k][1]
+end
+
+-- A give-back of n naming the group of expiry e: that group, if it lives,
+-- is lowered by n (to 0 at most, and then dropped).
+local function give_group(e, n)
+	for i = 1, #gs do
+		if tcmp(gs[i][1], e) == 0 then
+			if pcmp(n, gs[i][2]) >= 0 then
+				table.remove(gs, i)
+			else
+				gs[i][2] = psub(gs[i][2], n)
+			end
+			return
+		end
+	end
+end
+
+-- When the bucket is full again: its level filled to burst once every
+-- group has expired, production capped on the way; nil: never.
+local function full_at()
+	local c0, t0, d0, r0, g0 = clock, tok, debt, rem, gs
+	if #gs > 0 then
+		gs = {}
+		for i = 1, #g0 do
+			gs[i] = g0[i]
+		end
+		advance(g0[#g0][1])
+	end
+	local missing = padd(psub(sb, tok), debt)
+	local full = missing == 0 and clock or covered(missing)
+	clock, tok, debt, rem, gs = c0, t0, d0, r0, g0
+	return full
+end
+
+-- The groups as the value's tail.
+local function groups_text()
+	local t = {}
+	for i = 1, #gs do
+		t[i] = " " .. tshow(gs[i][1]) .. " " .. pstr(gs[i][2])
+	end
+	return table.concat(t)
+end
+
 -- The configuration: p tokens per q ns (p 0: rate 0, kept as 0 per 1).
 local p, q = unsigned(ARGV[3], U64MAX), unsigned(ARGV[4], Q_MAX)
 if p == nil or q == nil or (p ~= 0 and q == 0) then
@@ -672,15 +796,31 @@ end
 if op == "reset" and pcmp(n, burst) > 0 then
 	return bad("reset level")
 end
+-- lease: the window in ns, 1 to a day; giveback: the group's expiry.
+if op == "lease" then
+	arg = readint(ARGV[7])
+	if arg == nil or arg[1] < 0 or (arg[1] == 0 and arg[2] == 0) or tcmp(arg, { 86400, 0 }) > 0 then
+		return bad("window")
+	end
+	arg = arg[1] * BIL + arg[2]
+elseif op == "giveback" then
+	arg = readint(ARGV[7])
+	if arg == nil then
+		return bad("group")
+	end
+end
 
 -- The stored state: "tb1 clock level rem p q burst", decimal, level negative
 -- in debt.  Kept as tok (whole tokens) and debt, one of them 0.  A value
 -- that is not exactly that, or breaks an invariant, is refused, never
 -- repaired.
 if stored then
-	local c, neg, l, r, a, b, u = string.match(stored,
-		"^tb1 (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+) (%d+)$")
-	if c then
+	local kind, c, neg, l, r, a, b, u, more = string.match(stored,
+		"^(tbl?1) (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+) (%d+)(.*)$")
+	if kind and not read_groups(kind, more) then
+		kind = nil
+	end
+	if kind then
 		clock = readint(c)
 		rem, sp, sq, sb = unsigned(r, U64MAX), unsigned(a, U64MAX), unsigned(b, Q_MAX), unsigned(u, T62)
 		if neg == "-" then
@@ -691,7 +831,7 @@ if stored then
 	end
 	if not (clock and tok and debt and rem and sp and sq and sb) or tcmp(clock, TMIN) == 0
 		or tcmp(clock, TMAX) == 0 or sq == 0 or (sp == 0 and sq ~= 1)
-		or pcmp(rem, sq) >= 0 or pcmp(tok, sb) > 0 then
+		or pcmp(rem, sq) >= 0 or pcmp(tok, sb) > 0 or not live_groups() then
 		return redis.error_reply("TBCORRUPT the value at this key is not a token bucket")
 	end
 else
@@ -702,19 +842,23 @@ end
 -- A call whose configuration differs reconfigures the bucket at now.
 local reconf = reconfigure(p, q, burst)
 local changed = reconf
-local code, act, enough = 1, nil, nil
-if op == "allow" or op == "reserve" then
+local code, act, enough, gexp = 1, nil, nil, nil
+if op == "allow" or op == "reserve" or op == "lease" then
 	if pcmp(n, sb) > 0 then
 		code = 2
 	else
 		advance(now)
 		changed = true
 		enough = debt == 0 and pcmp(tok, n) >= 0
-		if op == "allow" then
+		if op ~= "reserve" then
 			if enough then
 				tok, act = psub(tok, n), clock
 			else
 				code, act = 0, covered(padd(psub(n, tok), debt))
+			end
+			gexp = clock
+			if op == "lease" and enough and n ~= 0 then
+				gexp = lease_take(n, arg)
 			end
 		else
 			-- The debt after taking n; then when it is paid.
@@ -764,11 +908,21 @@ elseif op == "refund" then
 			credit(n)
 		end
 	end
+elseif op == "giveback" then
+	-- As refund, the named group first lowered by what comes back.
+	if pcmp(n, sb) > 0 then
+		code = 2
+	else
+		advance(now)
+		changed = true
+		give_group(arg, n)
+		credit(n)
+	end
 elseif op == "tokens" then
 	advance(now)
 	changed = true
-else -- reset: the clock becomes now, even if earlier
-	clock, rem, tok, debt, changed = now, 0, n, 0, true
+else -- reset: the clock becomes now, even if earlier; the level whatever leases hold
+	clock, rem, tok, debt, changed, gs = now, 0, n, 0, true, {}
 end
 
 -- The bucket is full again at "full"; it expires a second after that, as a
@@ -785,14 +939,14 @@ end
 -- never goes back and no token is produced twice, but until the clock is
 -- past this call again the bucket holds what it held at the earlier time,
 -- less, never more (an allow decides alike; a reserve may wait longer).
-local missing = padd(psub(sb, tok), debt)
-local full = missing == 0 and clock or covered(missing)
+local full = full_at()
 if tm and stored and not reconf and (code == 3 or (code == 0 and not enough)) then
 	changed = false
 end
 if changed then
-	local value = table.concat({ "tb1", tshow(clock), (debt ~= 0 and "-" .. pstr(debt) or pstr(tok)),
-		pstr(rem), pstr(sp), pstr(sq), pstr(sb) }, " ")
+	local value = table.concat({ #gs > 0 and "tbl1" or "tb1", tshow(clock),
+		(debt ~= 0 and "-" .. pstr(debt) or pstr(tok)), pstr(rem), pstr(sp), pstr(sq), pstr(sb) }, " ")
+		.. groups_text()
 	local ms = full and tm and pdivceil(tdiff(full, clock), 1000000)
 	if not ms or type(ms) ~= "number" or ms > 70368744177664 then
 		redis.call("SET", key, value) -- never full, the caller's time, or not for 2^46 ms
@@ -800,5 +954,9 @@ if changed then
 		redis.call("SET", key, value, "PX", string.format("%.0f", ms + 1000))
 	end
 end
-return { code, tshow(clock), (debt ~= 0 and "-" .. pstr(debt) or pstr(tok)), pstr(rem), pstr(sq),
+local reply = { code, tshow(clock), (debt ~= 0 and "-" .. pstr(debt) or pstr(tok)), pstr(rem), pstr(sq),
 	act and tshow(act) or NEVER, full and tshow(full) or NEVER }
+if op == "lease" then
+	reply[8] = tshow(gexp or clock)
+end
+return reply

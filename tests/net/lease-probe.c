@@ -3,6 +3,7 @@
  * usage: tb-lease-probe URL OUTDIR steady PROCS THREADS SECONDS RATE BURST WINDOW_MS
  *        tb-lease-probe URL OUTDIR partition PACE_US SECONDS RATE BURST WINDOW_MS
  *                       DOWN_AT_S DOWN_FOR_S
+ *        tb-lease-probe URL OUTDIR rush PROCS THREADS RUSH_MS HOLD_S RATE BURST WINDOW_MS
  *
  * Leases on one key of the server at URL (normally through tb-delay, from
  * a network namespace of tests/net/netns.sh), public API only.
@@ -19,6 +20,11 @@
  * (held), and counts the grants of the calls begun after that and decided
  * before the link is up again (partition_grants): with no way to the
  * server, the lease can grant only what it held.
+ *
+ * rush: hold, then rush (the pattern that a lease keeping its tokens
+ * while the shared bucket refills would exceed the bound with): PROCS
+ * processes of THREADS threads, each process 10 calls a second for HOLD_S,
+ * then each as fast as it is granted for RUSH_MS.
  *
  * Every grant's span goes to OUTDIR/grants.P.T, one per line: the
  * CLOCK_REALTIME ns (the clock of the server's TIME) read before and after
@@ -72,7 +78,7 @@ struct window {
 struct thread {
 	pthread_t th;
 	struct tokenbucket_redis_lease *l;
-	int64_t start, until, pace_ns;
+	int64_t start, until, pace_ns, rush_at, offset_ns;
 	struct window *w;
 	int64_t *log;
 	size_t nlog, caplog;
@@ -99,11 +105,11 @@ static void *work(void *arg)
 {
 	struct thread *t = arg;
 	int refused = 0;
-	int64_t next = t->start;
+	int64_t next = t->start + t->offset_ns;
 	for (;;) {
-		if (t->pace_ns > 0) {
+		if (t->pace_ns > 0 && next < t->rush_at) {
 			next += t->pace_ns;
-			sleep_until(next);
+			sleep_until(next < t->rush_at ? next : t->rush_at);
 		}
 		int64_t now = clock_ns(CLOCK_REALTIME);
 		if (now >= t->until)
@@ -121,7 +127,7 @@ static void *work(void *arg)
 		}
 		if (!res.allowed) {
 			/* As the redis-lease fleet: yield, then sleep after a run of refusals. */
-			if (t->pace_ns == 0) {
+			if (t->pace_ns == 0 || next >= t->rush_at) {
 				if (++refused < 64) {
 					sched_yield();
 				} else {
@@ -165,7 +171,7 @@ static int link_set(const char *state)
 struct plan {
 	const char *url, *outdir;
 	int procs, threads;
-	int64_t start, run_ns, pace_ns;
+	int64_t start, run_ns, pace_ns, rush_ns; /* rush: the last rush_ns unpaced */
 	struct tokenbucket_limit lim;
 	double share;
 	int64_t window_ns;
@@ -191,6 +197,9 @@ static int one(const struct plan *p, int proc, struct result *out)
 		th[i].start = p->start;
 		th[i].until = p->start + p->run_ns;
 		th[i].pace_ns = p->pace_ns;
+		th[i].rush_at = p->rush_ns > 0 ? p->start + p->run_ns - p->rush_ns : INT64_MAX;
+		/* the threads' paced calls in turn, not at once */
+		th[i].offset_ns = p->rush_ns > 0 ? p->pace_ns / p->threads * i : 0;
 		th[i].w = &w;
 	}
 	for (int i = 0; i < p->threads; i++)
@@ -260,7 +269,15 @@ int main(int argc, char **argv)
 	const char *const *a = (const char *const *)argv;
 	bool steady = argc == 10 && strcmp(argv[3], "steady") == 0;
 	bool partition = argc == 11 && strcmp(argv[3], "partition") == 0;
-	if (steady) {
+	bool rush = argc == 11 && strcmp(argv[3], "rush") == 0;
+	if (rush) {
+		/* hold and rush: the run is their sum, the pace 10 a second a process */
+		p.procs = (int)arg(a[4]);
+		p.threads = (int)arg(a[5]);
+		p.rush_ns = (int64_t)(arg(a[6]) * 1e6);
+		p.pace_ns = (int64_t)p.threads * (SEC / 10);
+		a += 7;
+	} else if (steady) {
 		p.procs = (int)arg(a[4]);
 		p.threads = (int)arg(a[5]);
 		a += 6;
@@ -270,15 +287,17 @@ int main(int argc, char **argv)
 		p.down_for = (int64_t)(arg(a[10]) * 1e9);
 		a += 5;
 	}
-	if ((!steady && !partition) || p.procs > 64 || p.threads > MAX_THREADS) {
+	if ((!steady && !partition && !rush) || p.procs > 64 || p.threads > MAX_THREADS) {
 		fprintf(stderr, "usage: tb-lease-probe URL OUTDIR steady PROCS THREADS SECONDS RATE BURST WINDOW_MS\n"
 				"       tb-lease-probe URL OUTDIR partition PACE_US SECONDS RATE BURST WINDOW_MS "
-				"DOWN_AT_S DOWN_FOR_S\n");
+				"DOWN_AT_S DOWN_FOR_S\n"
+				"       tb-lease-probe URL OUTDIR rush PROCS THREADS RUSH_MS HOLD_S RATE BURST "
+				"WINDOW_MS\n");
 		return 2;
 	}
 	p.url = argv[1];
 	p.outdir = argv[2];
-	p.run_ns = (int64_t)(arg(a[0]) * 1e9);
+	p.run_ns = (int64_t)(arg(a[0]) * 1e9) + p.rush_ns;
 	p.lim = (struct tokenbucket_limit){ .tokens = (uint64_t)arg(a[1]),
 						  .period_ns = SEC,
 						  .burst = (uint64_t)arg(a[2]) };

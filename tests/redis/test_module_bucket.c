@@ -9,6 +9,8 @@
  * (default 1500, a twentieth of it under valgrind).
  */
 #include <check.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -80,11 +82,12 @@ static void refused_set(const char *v, size_t n)
 /* Every op on value v must refuse it as corrupt and write nothing. */
 static void refused(const char *v, size_t n)
 {
-	static const char *const ops[] = { "allow", "reserve", "cancel", "tokens", "reset", "refund" };
+	static const char *const ops[] = { "allow", "reserve", "cancel", "tokens",
+					   "reset", "refund", "lease", "giveback" };
 	struct tbm_str s = { v, n };
 	for (size_t op = 0; op < sizeof(ops) / sizeof(ops[0]); op++) {
 		const struct tbm_str arg[7] = { { ops[op], strlen(ops[op]) }, { "5000", 4 }, { "1", 1 },
-						{ "1000", 4 }, { "10", 2 }, { "1", 1 }, { "0", 1 } };
+						{ "1000", 4 }, { "10", 2 }, { "1", 1 }, { "1000", 4 } };
 		struct tbm_out o;
 		tbm_call(arg, &s, 0, &o);
 		ck_assert_msg(o.error != NULL && strcmp(o.error, "TBCORRUPT the value at this key is "
@@ -115,6 +118,17 @@ START_TEST(test_hostile_values_refused)
 		"tb1 1 -4611686018427387904 0 1 1000 10", "tb1 00000000000000000001 2 0 1 1000 10",
 		"tb1 1 2 99999999999999999999 1 1000 10", "tb1 1 2 000000000000000000001 1 1000 10",
 		"tb1 1 000000000000000000002 0 1 1000 10",
+		/* lease groups: none, on a "tb1", count 0, expiries not ascending,
+		 * five, signs, no times, counts past 2^62, a space too many */
+		"tbl1 1 2 0 1 1000 10", "tbl1 1 2 0 1 1000 10 ", "tb1 1 2 0 1 1000 10 9000 1",
+		"tbl1 1 2 0 1 1000 10 9000 0", "tbl1 1 2 0 1 1000 10 9000 1 9000 1",
+		"tbl1 1 2 0 1 1000 10 9000 1 8000 1", "tbl1 1 2 0 1 1000 10 9000",
+		"tbl1 1 2 0 1 1000 10 1 1 2 1 3 1 4 1 5 1", "tbl1 1 2 0 1 1000 10 9000 -1",
+		"tbl1 1 2 0 1 1000 10 9000 +1", "tbl1 1 2 0 1 1000 10 +9000 1",
+		"tbl1 1 2 0 1 1000 10 9223372036854775807 1", "tbl1 1 2 0 1 1000 10 -9223372036854775808 1",
+		"tbl1 1 2 0 1 1000 10 9000 4611686018427387905", "tbl1 1 2 0 1 1000 10 9000  1",
+		"tbl1 1 2 0 1 1000 10  9000 1", "tbl1 1 2 0 1 1000 10 9000 1 ", "tbl1 1 2 0 1 1000 10 - 1",
+		"tbl1 1 11 0 1 1000 10 9000 1", "tbl 1 2 0 1 1000 10 9000 1",
 	};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
 		refused(bad[i], strlen(bad[i]));
@@ -191,6 +205,169 @@ START_TEST(test_random_values_answer_as_documented)
 }
 END_TEST
 
+/*
+ * Lease groups against a reference model written here, in plain integers
+ * (small rates and times): production up to burst less the live groups'
+ * counts, piecewise at each expiry; a lease's grant into the latest group
+ * living half a window more, a new one, or the latest; a give-back
+ * lowering its group.  Every written value must be the model's, and
+ * level + what live groups hold never above burst once a lease came.
+ */
+struct lm {
+	int64_t clock, level;
+	uint64_t rem;
+	int ng;
+	int64_t e[4];
+	int64_t c[4];
+};
+
+static int64_t lm_held(const struct lm *m)
+{
+	int64_t o = 0;
+	for (int i = 0; i < m->ng; i++)
+		o += m->c[i];
+	return o;
+}
+
+static void lm_credit(struct lm *m, int64_t k, int64_t burst)
+{
+	if (m->level < 0) {
+		int64_t pay = k < -m->level ? k : -m->level;
+		m->level += pay, k -= pay;
+	}
+	int64_t cap = burst - lm_held(m);
+	if (cap < 0)
+		cap = 0;
+	if (m->level < cap)
+		m->level = m->level + k < cap ? m->level + k : cap;
+}
+
+static void lm_produce(struct lm *m, int64_t t, uint64_t p, uint64_t q, int64_t burst)
+{
+	if (t <= m->clock)
+		return;
+	uint64_t x = (uint64_t)(t - m->clock) * p + m->rem;
+	m->rem = x % q;
+	lm_credit(m, (int64_t)(x / q), burst);
+	m->clock = t;
+}
+
+static void lm_advance(struct lm *m, int64_t t, uint64_t p, uint64_t q, int64_t burst)
+{
+	while (m->ng > 0 && m->e[0] <= t) {
+		lm_produce(m, m->e[0], p, q, burst);
+		for (int i = 1; i < m->ng; i++)
+			m->e[i - 1] = m->e[i], m->c[i - 1] = m->c[i];
+		m->ng--;
+	}
+	lm_produce(m, t, p, q, burst);
+}
+
+static size_t lm_text(const struct lm *m, uint64_t p, uint64_t q, int64_t burst, char *d, size_t size)
+{
+	int k = snprintf(d, size, "%s %" PRId64 " %" PRId64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRId64,
+			 m->ng > 0 ? "tbl1" : "tb1", m->clock, m->level, m->rem, p, q, burst);
+	for (int i = 0; i < m->ng; i++)
+		k += snprintf(d + k, size - (size_t)k, " %" PRId64 " %" PRId64, m->e[i], m->c[i]);
+	return (size_t)k;
+}
+
+START_TEST(test_lease_groups_as_the_model)
+{
+	static const char *const ops[] = { "lease", "giveback", "allow", "refund", "tokens", "reserve" };
+	long count = sequences();
+	uint64_t r = 0x1ea5e;
+	for (long i = 0; i < count; i++) {
+		uint64_t p = 1 + seq_rand(&r) % 5, q = 1 + seq_rand(&r) % 400;
+		int64_t burst = 1 + (int64_t)(seq_rand(&r) % 20), window = 1 + (int64_t)(seq_rand(&r) % 3000);
+		struct lm m = { .clock = 1000, .level = burst };
+		char value[TBM_VALUE_MAX], want[TBM_VALUE_MAX];
+		size_t vlen = 0;
+		int64_t now = 1000, told[8] = { 0 };
+		for (int step = 0; step < 60; step++) {
+			uint64_t x = seq_rand(&r);
+			now += (int64_t)(x % 900) - (x % 10 == 0 ? 1200 : 0);
+			int op = (int)((x >> 16) % 6);
+			if (step == 0)
+				m.clock = now, op = 4; /* a new bucket, written: full at its first time */
+			int64_t n = (int64_t)((x >> 24) % (uint64_t)(burst + 2));
+			int64_t arg = op == 0 ? window : op == 1 ? told[(x >> 40) % 8] : op == 5 ? INT64_MAX : 0;
+			char a[7][24];
+			snprintf(a[0], 24, "%s", ops[op]);
+			snprintf(a[1], 24, "%" PRId64, now);
+			snprintf(a[2], 24, "%" PRIu64, p);
+			snprintf(a[3], 24, "%" PRIu64, q);
+			snprintf(a[4], 24, "%" PRId64, burst);
+			snprintf(a[5], 24, "%" PRId64, n);
+			snprintf(a[6], 24, "%" PRId64, arg);
+			struct tbm_str args[7];
+			for (int k = 0; k < 7; k++)
+				args[k] = (struct tbm_str){ a[k], strlen(a[k]) };
+			struct tbm_str st = { value, vlen };
+			struct tbm_out o;
+			tbm_call(args, step == 0 ? NULL : &st, 0, &o);
+			ck_assert_msg(o.error == NULL, "%s: %s", a[0], o.error);
+			/* The model. */
+			long long code = 1;
+			int64_t gexp = 0;
+			if (n > burst && op != 4) {
+				code = 2;
+			} else {
+				lm_advance(&m, now, p, q, burst);
+				if (op == 0 || op == 2) {
+					if (m.level >= n) {
+						m.level -= n;
+						gexp = m.clock;
+						if (op == 0 && n > 0) {
+							int64_t half = m.clock + window / 2;
+							if (m.ng == 0 || (m.e[m.ng - 1] < half && m.ng < 4))
+								m.e[m.ng] = m.clock + window, m.c[m.ng++] = 0;
+							m.c[m.ng - 1] += n;
+							gexp = m.e[m.ng - 1];
+							told[x % 8] = gexp;
+						}
+					} else {
+						code = 0;
+					}
+				} else if (op == 1 || op == 3) {
+					for (int k = 0; op == 1 && k < m.ng; k++) {
+						if (m.e[k] == arg) {
+							m.c[k] -= n < m.c[k] ? n : m.c[k];
+							if (m.c[k] == 0) {
+								for (int j = k + 1; j < m.ng; j++)
+									m.e[j - 1] = m.e[j], m.c[j - 1] = m.c[j];
+								m.ng--;
+							}
+							break;
+						}
+					}
+					lm_credit(&m, n, burst);
+				} else if (op == 5) {
+					m.level -= n;
+				}
+			}
+			ck_assert_msg(o.code == code, "sequence %ld step %d %s: code %lld, model %lld", i,
+				      step, a[0], o.code, code);
+			if (op == 0 && code == 1) {
+				ck_assert(o.lease);
+				char g[24];
+				snprintf(g, sizeof(g), "%" PRId64, gexp);
+				ck_assert(o.field_len[6] == strlen(g) && memcmp(o.field[6], g, strlen(g)) == 0);
+			}
+			if (o.write) {
+				memcpy(value, o.value, o.value_len);
+				vlen = o.value_len;
+			}
+			size_t wl = lm_text(&m, p, q, burst, want, sizeof(want));
+			ck_assert_msg(wl == vlen && memcmp(want, value, vlen) == 0,
+				      "sequence %ld step %d %s %s n %s arg %s: \"%.*s\", model \"%s\"", i,
+				      step, a[0], a[1], a[5], a[6], (int)vlen, value, want);
+			ck_assert(m.level + lm_held(&m) <= burst);
+		}
+	}
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("redis-module-bucket");
@@ -200,6 +377,7 @@ int main(void)
 	tcase_add_test(tc, test_sets_decide_as_the_library);
 	tcase_add_test(tc, test_hostile_values_refused);
 	tcase_add_test(tc, test_random_values_answer_as_documented);
+	tcase_add_test(tc, test_lease_groups_as_the_model);
 	suite_add_tcase(s, tc);
 	SRunner *sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

@@ -206,6 +206,93 @@ START_TEST(test_module_differential)
 }
 END_TEST
 
+/*
+ * Lease groups ("tbl1" values): random lease, giveback, allow, reserve,
+ * refund, tokens and reset on keys s: (script), m: (module) and x: (both
+ * by turns), at small and at the widest rates, each reply and value the
+ * script's.  Give-backs name groups the leases were told, or none.
+ */
+static int lease_sequence(redisContext *c, uint64_t seed, long index)
+{
+	static const char *const lops[] = { "lease", "lease", "giveback", "allow", "reserve",
+					    "refund", "tokens", "reset" };
+	static const struct tokenbucket_redis_limit lims[] = {
+		{ 50, 1000000000, 10 }, { 3, 700, 20 }, { UINT64_MAX, INT64_MAX, TOKENBUCKET_BURST_MAX },
+		{ 1000000000, 1, TOKENBUCKET_BURST_MAX }, { 0, 1, 5 },
+	};
+	char ks[48], km[48], kx[48];
+	snprintf(ks, sizeof(ks), "ls:%ld", index);
+	snprintf(km, sizeof(km), "lm:%ld", index);
+	snprintf(kx, sizeof(kx), "lx:%ld", index);
+	uint64_t r = seed;
+	const struct tokenbucket_redis_limit *l = &lims[seq_rand(&r) % 5];
+	int64_t now = 1700000000000000000 + (int64_t)(seq_rand(&r) % 1000000000);
+	char told[4][24] = { "0", "0", "0", "0" };
+	int steps = 24;
+	for (int step = 0; step < steps; step++) {
+		uint64_t x = seq_rand(&r);
+		now += (int64_t)(x % 400000000) - (x % 16 == 0 ? 500000000 : 0);
+		const char *op = lops[(x >> 8) % 8];
+		uint64_t n = l->burst < 1000 ? (x >> 16) % (l->burst + 2) : (x >> 16) % 1000000 * (l->burst / 1000000);
+		char a[7][24];
+		snprintf(a[1], 24, "%" PRId64, now);
+		snprintf(a[2], 24, "%" PRIu64, l->tokens);
+		snprintf(a[3], 24, "%" PRId64, l->tokens ? l->period_ns : 1);
+		snprintf(a[4], 24, "%" PRIu64, l->burst);
+		snprintf(a[5], 24, "%" PRIu64, strcmp(op, "reset") == 0 && n > l->burst ? l->burst : n);
+		if (strcmp(op, "lease") == 0)
+			snprintf(a[6], 24, "%" PRIu64, 1 + (x >> 40) % 2000000000);
+		else if (strcmp(op, "giveback") == 0)
+			snprintf(a[6], 24, "%s", told[(x >> 40) % 4]);
+		else if (strcmp(op, "reserve") == 0)
+			snprintf(a[6], 24, "%" PRId64, (x >> 40) % 2 ? INT64_MAX : (int64_t)((x >> 42) % 1000000000));
+		else
+			snprintf(a[6], 24, "0");
+		const char *const args[7] = { op, a[1], a[2], a[3], a[4], a[5], a[6] };
+		redisReply *rs = call(c, false, ks, strlen(ks), args);
+		redisReply *rm = call(c, true, km, strlen(km), args);
+		redisReply *rx = call(c, seq_rand(&r) & 1, kx, strlen(kx), args);
+		ck_assert_msg(same_reply(rs, rm), "%s step %d (%s %s n %s arg %s): the module's reply differs",
+			      km, step, op, a[1], a[5], a[6]);
+		ck_assert_msg(same_reply(rs, rx), "%s step %d (%s): by turns, the reply differs", kx, step, op);
+		ck_assert_msg(rs->type == REDIS_REPLY_ARRAY, "%s step %d (%s): %s", ks, step, op,
+			      rs->type == REDIS_REPLY_ERROR ? rs->str : "no array");
+		if (strcmp(op, "lease") == 0) {
+			ck_assert_int_eq(rs->elements, 8);
+			if (rs->element[0]->integer == 1)
+				snprintf(told[x % 4], 24, "%s", rs->element[7]->str);
+		}
+		freeReplyObject(rs);
+		freeReplyObject(rm);
+		freeReplyObject(rx);
+		assert_same_value(c, ks, km);
+		assert_same_value(c, ks, kx);
+	}
+	return steps;
+}
+
+START_TEST(test_module_lease_differential)
+{
+	redisContext *c = server_admin(&srv);
+	ck_assert_ptr_nonnull(c);
+	long count = redis_sequences(10000) / 40;
+	long steps = 0, leased = 0;
+	for (long i = 0; i < count; i++) {
+		steps += lease_sequence(c, 0x1ea5e0u + (uint64_t)i * 0x9e3779b97f4a7c15u, i);
+		char k[48];
+		size_t len;
+		snprintf(k, sizeof(k), "ls:%ld", i);
+		char *v = get(c, k, &len);
+		leased += v != NULL && len > 5 && memcmp(v, "tbl1 ", 5) == 0;
+		free(v);
+	}
+	printf("redis module lease differential: %ld steps in %ld sequences, module = script, "
+	       "%ld ending leased\n", steps, count, leased);
+	ck_assert_int_gt(leased, 0);
+	redisFree(c);
+}
+END_TEST
+
 /* allow_all on key through the script or the module: "allow_all" now n, then count limits' triples. */
 static redisReply *call_all(redisContext *c, bool module, const char *key, const char *now,
 			    const char *n, size_t count, const char (*lim)[3][24])
@@ -433,6 +520,8 @@ START_TEST(test_module_hostile)
 		{ "tokens", "5", "7", "3", "9", "0", "0" },
 		{ "reset", "1000", "1", "1", "3", "2", "0" },
 		{ "refund", "1000", "1", "1", "3", "2", "0" },
+		{ "lease", "1000", "1", "1", "3", "1", "500" },
+		{ "giveback", "1000", "1", "1", "3", "1", "1500" },
 	};
 	redisContext *c = server_admin(&srv);
 	uint64_t rng = 0x4057113u;
@@ -452,10 +541,15 @@ START_TEST(test_module_hostile)
 			static const char *const f[] = { "0", "1", "2", "3", "-0", "-1", "-2", "007",
 							 "4", "00", "1000", "-1000" };
 			size_t nf = sizeof(f) / sizeof(f[0]);
-			int w = snprintf(v, sizeof(v), "tb1 %s %s %s %s %s %s",
+			bool leased = i % 4 == 0;
+			int w = snprintf(v, sizeof(v), "%s %s %s %s %s %s %s", leased ? "tbl1" : "tb1",
 					 f[seq_rand(&rng) % nf], f[seq_rand(&rng) % nf],
 					 f[seq_rand(&rng) % 4], f[seq_rand(&rng) % 4],
 					 f[seq_rand(&rng) % 5], f[seq_rand(&rng) % nf]);
+			/* lease groups: 0 to 5 of them, expiries around the clock */
+			for (uint64_t g = leased ? seq_rand(&rng) % 6 : 0; g > 0 && w < 40; g--)
+				w += snprintf(v + w, sizeof(v) - (size_t)w, " %s %s",
+					      f[seq_rand(&rng) % nf], f[seq_rand(&rng) % 5]);
 			len = (size_t)w;
 		} else {
 			/* "tb1 " then random fields, sometimes a random byte. */
@@ -466,7 +560,7 @@ START_TEST(test_module_hostile)
 				v[j] = x % 50 == 0 ? (char)(x >> 8) : alphabet[x % (sizeof(alphabet) - 1)];
 			}
 		}
-		const char *const *a = args[i % 5];
+		const char *const *a = args[i % 8];
 		for (int m = 0; m < 2; m++) {
 			redisReply *r = redisCommand(c, "SET %s %b", m ? "hm" : "hs", v, len);
 			freeReplyObject(r);
@@ -996,7 +1090,7 @@ Suite *redis_module_suite(void)
 {
 	Suite *s = suite_create("redis-module");
 	redis_tcase(s, "module", module_setup, 240,
-		    (const TTest *const[]){ test_module_version, test_module_differential,
+		    (const TTest *const[]){ test_module_version, test_module_differential, test_module_lease_differential,
 					    test_module_hostile, test_module_arguments,
 					    test_module_server_clock, test_module_replica,
 					    test_module_aof, test_module_detected,

@@ -95,12 +95,31 @@ static u128 div_rem(u128 x, uint64_t d, uint64_t *r)
 	return x / d;
 }
 
+/* The most lease groups a "tbl1" value holds. */
+#define GROUPS 4
+
 struct bucket {
 	int64_t clock;
 	uint64_t tok, debt, rem, sp, sq, sb;
+	/* Lease groups, expiry ascending, each after clock, count >= 1:
+	 * tokens leases took that stay usable until the expiry. */
+	int ng;
+	int64_t ge[GROUPS];
+	uint64_t gc[GROUPS];
 };
 
-/* Adds k tokens, paying debt first, within burst. */
+/* What production may fill the level to: burst less the tokens live
+ * leases hold (docs/leases.md, "Safety"). */
+static uint64_t top(const struct bucket *b)
+{
+	u128 o = 0;
+	for (int i = 0; i < b->ng; i++)
+		o += b->gc[i];
+	return o >= b->sb ? 0 : b->sb - (uint64_t)o;
+}
+
+/* Adds k tokens, paying debt first, within burst less what leases hold;
+ * a level already above that is not cut, only not filled. */
 static void credit(struct bucket *b, u128 k)
 {
 	if (b->debt != 0) {
@@ -111,14 +130,17 @@ static void credit(struct bucket *b, u128 k)
 		k -= b->debt;
 		b->debt = 0;
 	}
-	if (k < b->sb - b->tok)
+	uint64_t cap = top(b);
+	if (b->tok >= cap)
+		return;
+	if (k < cap - b->tok)
 		b->tok += (uint64_t)k;
 	else
-		b->tok = b->sb;
+		b->tok = cap;
 }
 
 /* Credits what the rate produced from clock to t, the remainder carried. */
-static void advance(struct bucket *b, int64_t t)
+static void produce(struct bucket *b, int64_t t)
 {
 	if (t <= b->clock)
 		return;
@@ -130,6 +152,20 @@ static void advance(struct bucket *b, int64_t t)
 			credit(b, k);
 	}
 	b->clock = t;
+}
+
+/* produce() in pieces: up to each lease group's expiry under the cap in
+ * force, the group dropped there.  The pieces produce what one span
+ * would; only the cap differs. */
+static void advance(struct bucket *b, int64_t t)
+{
+	while (b->ng > 0 && b->ge[0] <= t) {
+		produce(b, b->ge[0]);
+		b->ng--;
+		memmove(b->ge, b->ge + 1, (size_t)b->ng * sizeof(b->ge[0]));
+		memmove(b->gc, b->gc + 1, (size_t)b->ng * sizeof(b->gc[0]));
+	}
+	produce(b, t);
 }
 
 /* The first time >= clock when d more tokens are produced (d >= 1, d <
@@ -193,21 +229,33 @@ static bool eq(const struct tbm_str *s, const char *lit)
 }
 
 /* Splits "tb1 c l r a b u" as the script's pattern
- * ^tb1 (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+) (%d+)$ does; false if it does
- * not match.  f[0] is the clock with its sign, neg the level's sign. */
-static bool split(const char *p, size_t n, struct tbm_str f[6], bool *neg)
+ * ^(tbl?1) (%-?%d+) (%-?)(%d+) (%d+) (%d+) (%d+)(.*)$ does, then for
+ * "tbl1" the rest as 1 to GROUPS pairs " (%-?%d+) (%d+)" and for "tb1"
+ * nothing; false if it does not match.  f[0] is the clock with its sign,
+ * neg the level's sign, g[0..2 * *ng - 1] the groups' expiries and counts. */
+static bool split(const char *p, size_t n, struct tbm_str f[6], bool *neg,
+		  struct tbm_str g[2 * GROUPS], int *ng)
 {
-	if (n < 4 || memcmp(p, "tb1 ", 4) != 0)
+	size_t i;
+	bool leased = n >= 5 && memcmp(p, "tbl1 ", 5) == 0;
+	if (leased)
+		i = 5;
+	else if (n >= 4 && memcmp(p, "tb1 ", 4) == 0)
+		i = 4;
+	else
 		return false;
-	size_t i = 4;
-	for (int k = 0; k < 6; k++) {
+	*ng = 0;
+	for (int k = 0; k < 6 + 2 * GROUPS; k++) {
+		if (k >= 6 && (!leased || i == n) && k % 2 == 0)
+			break;
 		if (k > 0) {
 			if (i >= n || p[i] != ' ')
 				return false;
 			i++;
 		}
 		size_t start = i;
-		bool sign = (k == 0 || k == 1) && i < n && p[i] == '-';
+		/* signs: the clock, the level, and each group's expiry */
+		bool sign = (k == 0 || k == 1 || (k >= 6 && k % 2 == 0)) && i < n && p[i] == '-';
 		if (k == 1)
 			*neg = sign;
 		if (sign) {
@@ -220,9 +268,13 @@ static bool split(const char *p, size_t n, struct tbm_str f[6], bool *neg)
 			i++;
 		if (i == d)
 			return false;
-		f[k] = (struct tbm_str){ p + start, i - start };
+		struct tbm_str t = { p + start, i - start };
+		if (k < 6)
+			f[k] = t;
+		else
+			g[k - 6] = t, *ng = (k - 6) / 2 + 1;
 	}
-	return i == n;
+	return i == n && (!leased || *ng > 0);
 }
 
 static void fail(struct tbm_out *o, const char *e)
@@ -256,12 +308,76 @@ static bool read_now(const struct tbm_str *a, int64_t server_ns, int64_t *now)
 	return true;
 }
 
+/* The groups of a "tbl1" value, checked: expiries strictly ascending and
+ * neither INT64_MIN nor INT64_MAX, counts 1 to 2^62; those at or before
+ * the clock have expired and are dropped. */
+static bool read_groups(struct bucket *b, const struct tbm_str g[2 * GROUPS])
+{
+	int live = 0;
+	int64_t prev = INT64_MIN;
+	for (int i = 0; i < b->ng; i++) {
+		int64_t e;
+		uint64_t c;
+		if (!read_int(g[2 * i].p, g[2 * i].n, &e) || e == INT64_MIN || e == INT64_MAX || e <= prev
+		    || !read_uint(g[2 * i + 1].p, g[2 * i + 1].n, T62, &c) || c == 0)
+			return false;
+		prev = e;
+		if (e > b->clock) {
+			b->ge[live] = e, b->gc[live] = c;
+			live++;
+		}
+	}
+	b->ng = live;
+	return true;
+}
+
+/* Removes the groups a give-back emptied. */
+static void drop_empty(struct bucket *b)
+{
+	int k = 0;
+	for (int i = 0; i < b->ng; i++)
+		if (b->gc[i] != 0)
+			b->ge[k] = b->ge[i], b->gc[k] = b->gc[i], k++;
+	b->ng = k;
+}
+
+/*
+ * A lease's grant of n (taken from the level already) into a group: the
+ * latest, if it lives at least half a window more; else a new one that
+ * lives a window (the latest then, as every other ends sooner); else,
+ * with every slot taken, the latest.  Groups never move, so each chunk
+ * stays in the group it was told.  Returns the group's expiry.
+ */
+static int64_t lease_take(struct bucket *b, uint64_t n, int64_t window)
+{
+	/* Past INT64_MAX, as the script's tadd: the last time, INT64_MAX - 1. */
+	int64_t half = b->clock < INT64_MAX - window / 2 ? b->clock + window / 2 : INT64_MAX - 1;
+	int64_t end = b->clock < INT64_MAX - window ? b->clock + window : INT64_MAX - 1;
+	if (b->ng == 0 || (b->ge[b->ng - 1] < half && b->ng < GROUPS)) {
+		b->ge[b->ng] = end, b->gc[b->ng] = 0;
+		b->ng++;
+	}
+	b->gc[b->ng - 1] += n;
+	return b->ge[b->ng - 1];
+}
+
+/* When the bucket is full again: its level filled to burst once every
+ * group has expired (production under the groups' caps on the way). */
+static int64_t full_at(const struct bucket *b)
+{
+	struct bucket f = *b;
+	if (f.ng > 0)
+		advance(&f, f.ge[f.ng - 1]);
+	uint64_t missing = f.sb - f.tok + f.debt;
+	return missing == 0 ? f.clock : covered(&f, missing);
+}
+
 void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t server_ns,
 	      struct tbm_out *o)
 {
 	o->error = NULL;
-	o->write = o->expire = o->several = false;
-	enum { ALLOW, RESERVE, CANCEL, REFUND, TOKENS, RESET } op;
+	o->write = o->expire = o->several = o->lease = false;
+	enum { ALLOW, RESERVE, CANCEL, REFUND, TOKENS, RESET, LEASE, GIVE } op;
 	if (eq(&arg[0], "allow"))
 		op = ALLOW;
 	else if (eq(&arg[0], "reserve"))
@@ -274,6 +390,10 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 		op = TOKENS;
 	else if (eq(&arg[0], "reset"))
 		op = RESET;
+	else if (eq(&arg[0], "lease"))
+		op = LEASE;
+	else if (eq(&arg[0], "giveback"))
+		op = GIVE;
 	else
 		return fail(o, "ERR tokenbucket: bad op");
 
@@ -295,13 +415,19 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 					     : "ERR tokenbucket: bad time_to_act");
 	if (op == RESET && n > burst)
 		return fail(o, "ERR tokenbucket: bad reset level");
+	/* lease: the window in ns, 1 to LEASE_WINDOW_CAP; giveback: the
+	 * group's expiry the lease was told. */
+	if (op == LEASE && (!read_int(arg[6].p, arg[6].n, &xarg) || xarg < 1 || xarg > LEASE_WINDOW_CAP))
+		return fail(o, "ERR tokenbucket: bad window");
+	if (op == GIVE && !read_int(arg[6].p, arg[6].n, &xarg))
+		return fail(o, "ERR tokenbucket: bad group");
 
 	struct bucket b;
 	if (stored) {
 		static const char corrupt[] = "TBCORRUPT the value at this key is not a token bucket";
-		struct tbm_str f[6];
+		struct tbm_str f[6], g[2 * GROUPS];
 		bool neg = false;
-		if (!split(stored->p, stored->n, f, &neg) || !read_int(f[0].p, f[0].n, &b.clock)
+		if (!split(stored->p, stored->n, f, &neg, g, &b.ng) || !read_int(f[0].p, f[0].n, &b.clock)
 		    || !read_uint(f[2].p, f[2].n, U64MAX, &b.rem)
 		    || !read_uint(f[3].p, f[3].n, U64MAX, &b.sp)
 		    || !read_uint(f[4].p, f[4].n, Q_MAX, &b.sq)
@@ -314,6 +440,8 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 		if (b.clock == INT64_MIN || b.clock == INT64_MAX || b.sq == 0
 		    || (b.sp == 0 && b.sq != 1) || b.rem >= b.sq || b.tok > b.sb)
 			return fail(o, corrupt);
+		if (!read_groups(&b, g))
+			return fail(o, corrupt);
 	} else {
 		/* A new bucket is full and sees its first time now. */
 		b = (struct bucket){ .clock = now, .tok = burst, .sp = p, .sq = q, .sb = burst };
@@ -324,7 +452,8 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 	long long code = 1;
 	int64_t act = NEVER;
 	bool enough = false;
-	if (op == ALLOW || op == RESERVE) {
+	int64_t gexp = INT64_MIN; /* a lease's group, the clock when none */
+	if (op == ALLOW || op == RESERVE || op == LEASE) {
 		if (n > b.sb) {
 			code = 2;
 		} else {
@@ -333,11 +462,14 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 			enough = b.debt == 0 && b.tok >= n;
 			/* Not enough: the debt after taking n, below 2^63. */
 			uint64_t d = enough ? 0 : n - b.tok + b.debt;
-			if (op == ALLOW) {
+			if (op != RESERVE) {
 				if (enough)
 					b.tok -= n, act = b.clock;
 				else
 					code = 0, act = covered(&b, d);
+				gexp = b.clock;
+				if (op == LEASE && enough && n != 0)
+					gexp = lease_take(&b, n, xarg);
 			} else if (d > DEBT_MAX) {
 				code = 3;
 			} else {
@@ -372,25 +504,45 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 			changed = true;
 			credit(&b, n);
 		}
+	} else if (op == GIVE) {
+		/* As refund, the named group first lowered by what comes back. */
+		if (n > b.sb) {
+			code = 2;
+		} else {
+			advance(&b, now);
+			changed = true;
+			for (int i = 0; i < b.ng; i++)
+				if (b.ge[i] == xarg)
+					b.gc[i] -= n < b.gc[i] ? n : b.gc[i];
+			drop_empty(&b);
+			credit(&b, n);
+		}
 	} else if (op == TOKENS) {
 		advance(&b, now);
 		changed = true;
 	} else {
-		b.clock = now, b.rem = 0, b.tok = n, b.debt = 0, changed = true;
+		/* A reset sets the level whatever leases hold: their groups go too. */
+		b.clock = now, b.rem = 0, b.tok = n, b.debt = 0, b.ng = 0, changed = true;
 	}
 
 	/* Full again at full; see the script's end for the expiry and for why
 	 * a refusal on the server's clock writes nothing. */
-	uint64_t missing = b.sb - b.tok + b.debt;
-	int64_t full = missing == 0 ? b.clock : covered(&b, missing);
+	int64_t full = full_at(&b);
 	if (tm && stored && !reconf && (code == 3 || (code == 0 && !enough)))
 		changed = false;
 
 	if (changed) {
-		/* "tb1 clock level rem p q burst": 4 + 6 * 21 characters at most. */
+		/* "tb1 clock level rem p q burst": 4 + 6 * 21 characters at most;
+		 * "tbl1", the same and each group's two numbers, while a lease
+		 * group lives. */
 		char *d = o->value;
-		memcpy(d, "tb1 ", 4);
-		d += 4;
+		if (b.ng > 0) {
+			memcpy(d, "tbl1 ", 5);
+			d += 5;
+		} else {
+			memcpy(d, "tb1 ", 4);
+			d += 4;
+		}
 		d += put_i64(d, b.clock);
 		*d++ = ' ';
 		d += put_level(d, &b);
@@ -398,6 +550,12 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 		for (int i = 0; i < 4; i++) {
 			*d++ = ' ';
 			d += put_u64(d, rest[i]);
+		}
+		for (int i = 0; i < b.ng; i++) {
+			*d++ = ' ';
+			d += put_i64(d, b.ge[i]);
+			*d++ = ' ';
+			d += put_u64(d, b.gc[i]);
 		}
 		o->value_len = (size_t)(d - o->value);
 		o->write = true;
@@ -410,6 +568,9 @@ void tbm_call(const struct tbm_str arg[7], const struct tbm_str *stored, int64_t
 	o->field_len[3] = put_u64(o->field[3], b.sq);
 	o->field_len[4] = put_i64(o->field[4], act);
 	o->field_len[5] = put_i64(o->field[5], full);
+	o->lease = op == LEASE;
+	if (o->lease)
+		o->field_len[6] = put_i64(o->field[6], gexp == INT64_MIN ? b.clock : gexp);
 }
 
 /* Reads "tbs1 clock" and five fields per limit (the script's allow_all),
@@ -446,7 +607,7 @@ static bool read_set(const struct tbm_str *v, struct bucket b[TBM_SET_MAX], size
 	for (size_t i = 0; i < *m; i++) {
 		const struct tbm_str *g = &f[1 + 5 * i];
 		struct bucket *x = &b[i];
-		x->clock = clock, x->debt = 0;
+		x->clock = clock, x->debt = 0, x->ng = 0;
 		/* A '-' on a level reads as no number: sets hold no debt. */
 		if (!read_uint(g[0].p, g[0].n, T62, &x->tok) || !read_uint(g[1].p, g[1].n, U64MAX, &x->rem)
 		    || !read_uint(g[2].p, g[2].n, U64MAX, &x->sp)
@@ -462,7 +623,7 @@ void tbm_call_all(const struct tbm_str *arg, size_t nargs, const struct tbm_str 
 		  int64_t server_ns, struct tbm_out *o)
 {
 	o->error = NULL;
-	o->write = o->expire = false;
+	o->write = o->expire = o->lease = false;
 	o->several = true;
 	size_t count = (nargs - 3) / 3;
 	if (nargs < 6 || nargs % 3 != 0 || count > TBM_SET_MAX)

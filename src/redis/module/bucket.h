@@ -17,6 +17,10 @@ struct tbm_str {
 	size_t n;
 };
 
+/* The longest window a lease op takes, in ns (a day: below 2^53, so
+ * that the script adds it to a time in doubles). */
+#define LEASE_WINDOW_CAP (INT64_C(86400) * 1000000000)
+
 /* The most limits of a set (TOKENBUCKET_SET_MAX). */
 #define TBM_SET_MAX 16
 /* The longest value written: a set's, "tbs1 " and 1 + 5 * TBM_SET_MAX
@@ -34,12 +38,15 @@ struct tbm_out {
 	long long code;
 	bool several;          /* tbm_call_all's reply: code, index, then fields 0, 1, 4, 5 */
 	long long index;
-	char field[6][24];     /* now, level, rem, q, act, full */
-	size_t field_len[6];
+	bool lease;            /* a lease's reply: field 6 follows */
+	char field[7][24];     /* now, level, rem, q, act, full, and a lease's group expiry */
+	size_t field_len[7];
 };
 
 /*
- * arg[0..6]: op now tokens period burst n arg, as sent to the script.
+ * arg[0..6]: op now tokens period burst n arg, as sent to the script;
+ * op "lease" (arg the window) and "giveback" (arg the group's expiry) are
+ * the lease ops of tokenbucket-redis(7).
  * stored: the key's value, or NULL for no key.  server_ns: the server's
  * clock in ns (whole microseconds, as TIME gives), used only when now is
  * "".  Fills out; never fails otherwise.

@@ -113,9 +113,10 @@ static int tb_call(RedisModuleCtx *ctx, RedisModuleString **argv, int argc)
 			RedisModule_ReplyWithStringBuffer(ctx, out.field[fields[i]], out.field_len[fields[i]]);
 		return REDISMODULE_OK;
 	}
-	RedisModule_ReplyWithArray(ctx, 7);
+	int nf = out.lease ? 7 : 6;
+	RedisModule_ReplyWithArray(ctx, nf + 1);
 	RedisModule_ReplyWithLongLong(ctx, out.code);
-	for (int i = 0; i < 6; i++)
+	for (int i = 0; i < nf; i++)
 		RedisModule_ReplyWithStringBuffer(ctx, out.field[i], out.field_len[i]);
 	return REDISMODULE_OK;
 }
