@@ -324,7 +324,7 @@ group_redis() {
 		i=$((i + 1))
 		[ $i -lt $((100 * M)) ] || { fail "redis: the first process does not start"; break; }
 	done
-	redis-cli -p "$port" get "$name" | grep -q '^tb1 ' || fail "redis: no bucket at the key"
+	redis-cli -p "$port" get "$name" | grep -qE '^tbl?1 ' || fail "redis: no bucket at the key"
 	zeros 20000 "$tmp/in"
 	t0=$(now_ns)
 	$TB -r 1M/s --redis "$url" --key "$name" <"$tmp/in" >"$tmp/out" 2>"$tmp/err"

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 #include <errno.h>
+#include <stdbool.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,13 +62,18 @@ bad:
 	return NULL;
 }
 
-/* The fields after "tb1 clock level rem": tokens period burst, strictly. */
+/*
+ * The fields after "tb1 clock level rem": tokens period burst, strictly;
+ * a leased key's "tbl1" value has its lease groups after them
+ * (docs/leases.md), which this does not need.
+ */
 static int parse_value(const char *v, struct tokenbucket_redis_limit *lim)
 {
 	const char *p = v;
-	if (strncmp(p, "tb1 ", 4) != 0)
+	bool leased = strncmp(p, "tbl1 ", 5) == 0;
+	if (!leased && strncmp(p, "tb1 ", 4) != 0)
 		return -EBADMSG;
-	p += 4;
+	p += leased ? 5 : 4;
 	for (int skip = 0; skip < 3; skip++) {
 		p = strchr(p, ' ');
 		if (p == NULL)
@@ -81,7 +87,7 @@ static int parse_value(const char *v, struct tokenbucket_redis_limit *lim)
 			return -EBADMSG;
 		errno = 0;
 		f[i] = strtoull(p, &end, 10);
-		if (errno || *end != (i < 2 ? ' ' : '\0'))
+		if (errno || (*end != (i < 2 ? ' ' : '\0') && !(leased && i == 2 && *end == ' ')))
 			return -EBADMSG;
 		p = end + 1;
 	}
