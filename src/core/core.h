@@ -172,7 +172,7 @@ int64_t tb__time_of(const struct tb__view *v, int64_t at, uint64_t j);
 int64_t tb__wait_of(const struct tb__view *v, int64_t at, uint64_t j, int64_t *act);
 /* Whole seconds in ns, rounded up; NEVER stays NEVER. */
 int64_t tb__seconds_up(int64_t ns);
-/* tb__seconds_of the long way (tb__seconds_up of tb__wait_of), out of line. */
+/* tb__seconds_of (seconds.h) the long way: tb__seconds_up of tb__wait_of, out of line. */
 int64_t tb__seconds_via_wait(const struct tb__view *v, int64_t at, uint64_t j);
 /* The fraction of a token produced at t beyond P(t), in [0, 1). */
 double tb__fraction(const struct tb__view *v, int64_t t);
@@ -349,38 +349,6 @@ static inline tb__u128 tb__need_of(const struct tb__view *v, int64_t at, uint64_
 {
 	tb__u128 rem = at >= v->origin ? tb__mod(tb__fine_units(v, at), v->q) : 0;
 	return (tb__u128)j * v->q - rem;
-}
-
-/*
- * tb__wait_of in whole seconds, rounded up, exactly; NEVER as it.  Inline:
- * the report of a RateLimit header (tokenbucket_table_allow_reset) pays no
- * call for it.
- */
-static inline int64_t tb__seconds_of(const struct tb__view *v, int64_t at, uint64_t j)
-{
-	uint64_t per_s, far = tb__span(TOKENBUCKET_NEVER, at);
-	if (far > (uint64_t)TOKENBUCKET_NEVER)
-		far = (uint64_t)TOKENBUCKET_NEVER;
-	/*
-	 * ceil(ceil(need / p) / 10^9) = ceil(need / (p * 10^9)): one 64-bit
-	 * division when both fit.  need below far: the wait (at most need) is
-	 * not NEVER to tb__wait_of.
-	 */
-	if (tb__timed(v) && !__builtin_mul_overflow(v->p, (uint64_t)1000000000u, &per_s)) {
-		tb__u128 need = tb__need_of(v, at, j);
-		if (need < far) {
-			uint64_t whole = (uint64_t)need / per_s;
-			return (int64_t)(whole + ((uint64_t)need % per_s != 0));
-		}
-	}
-	return tb__seconds_via_wait(v, at, j);
-}
-
-/* tb__reset_after in whole seconds, rounded up, exactly (tb__seconds_of). */
-static inline int64_t tb__reset_seconds(const struct tb__view *v, int64_t at, uint64_t burst,
-					int64_t level)
-{
-	return level >= (int64_t)burst ? 0 : tb__seconds_of(v, at, burst - (uint64_t)level);
 }
 
 /*

@@ -7,6 +7,7 @@
  */
 #include <math.h>
 
+#include "seconds.h"
 #include "table_internal.h"
 
 /* ---- Takes --------------------------------------------------------------- */
