@@ -37,7 +37,11 @@ for engine in script function ${module:+module}; do
 	script) set -- "$@" --rename-command FCALL "" ;;
 	module) set -- "$@" --loadmodule "$module" ;;
 	esac
-	redis-server "$@" >"$dir/server.log" 2>&1 &
+	# A sanitizer's runtime for an instrumented module in an uninstrumented
+	# server (.ci/sanitize asan sets it); only the server gets it.
+	preload=
+	[ "$engine" = module ] && preload=${TOKENBUCKET_MODULE_PRELOAD:-}
+	env ${preload:+LD_PRELOAD="$preload"} redis-server "$@" >"$dir/server.log" 2>&1 &
 	pid=$!
 	i=0
 	until redis-cli -s "$sock" ping >/dev/null 2>&1; do
