@@ -65,12 +65,13 @@ static void nap(struct tokenbucket_redis_lease *l, int64_t ns)
 	pthread_cond_timedwait(&l->cv, &l->mu, &ts);
 }
 
-static int give_back(struct tokenbucket_redis_lease *l, bool all)
+/*
+ * Gives back g[0..k), each naming its group, in pieces of at most a burst:
+ * the server refuses more in one (2 cap may exceed it).  Stops at the
+ * first error, which it returns.
+ */
+static int give_groups(struct tokenbucket_redis_lease *l, struct give *g, size_t k)
 {
-	struct give g[LEASE_CHUNKS];
-	size_t k = tbr__lease_collect_groups(l, all, g);
-	/* Each naming its group, in pieces of at most a burst: the server
-	 * refuses more in one (2 cap may exceed it). */
 	int err = 0;
 	for (size_t i = 0; i < k && err == 0; i++) {
 		while (g[i].n > 0 && err == 0) {
@@ -83,21 +84,20 @@ static int give_back(struct tokenbucket_redis_lease *l, bool all)
 	return err;
 }
 
+static int give_back(struct tokenbucket_redis_lease *l, bool all)
+{
+	struct give g[LEASE_CHUNKS];
+	size_t k = tbr__lease_collect_groups(l, all, g);
+	return give_groups(l, g, k);
+}
+
 /* Gives back what chunks due soon still have (tbr__lease_collect_due); when the next is due. */
 static int64_t give_due(struct tokenbucket_redis_lease *l)
 {
 	struct give g[LEASE_CHUNKS];
 	int64_t next;
 	size_t k = tbr__lease_collect_due(l, tbr__lease_mono_ns(), g, &next);
-	int err = 0;
-	for (size_t i = 0; i < k && err == 0; i++) {
-		while (g[i].n > 0 && err == 0) {
-			uint64_t piece = g[i].n < l->lim.burst ? g[i].n : l->lim.burst;
-			err = tbr__lease_call(l->r, l->key, l->keylen, &l->lim, TOKENBUCKET_REDIS_REFUND,
-					      piece, g[i].group, NULL);
-			g[i].n -= piece;
-		}
-	}
+	give_groups(l, g, k); /* a failed give-back is lost, never doubled */
 	return next;
 }
 
